@@ -1,0 +1,137 @@
+"""The model adapter extension point: everything model-specific lives behind this class."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching.types import MicroBatch, SampleFeatures
+    from ..config import ModelConfig
+
+
+@attrs.frozen(kw_only=True)
+class VisionEncoderSpec:
+    """How the vision encoder of a model is found and called (for encoder parallelism).
+
+    ``module`` is the dotted path of the encoder inside the model; ``input_keys`` are the
+    model-input keys it consumes (the patch tensor first, then per-image metadata such as
+    ``image_grid_thw``). The adapter's :meth:`ModelAdapter.split_vision_inputs` and
+    :meth:`ModelAdapter.call_vision_encoder` give the per-image view.
+    """
+
+    module: str
+    input_keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")
+
+
+@attrs.frozen(kw_only=True)
+class ParallelPlan:
+    """Which modules are sharding units (FSDP units, checkpointing units) and which is the ViT."""
+
+    #: Dotted module paths; ``*`` matches one path component (``model.layers.*``).
+    sharding_units: tuple[str, ...]
+    vision_encoder: VisionEncoderSpec | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FlopsCount:
+    """Training FLOPs (forward + backward) of one micro-batch."""
+
+    text: float
+    vision: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Text plus vision."""
+        return self.text + self.vision
+
+
+@attrs.define(kw_only=True)
+class ModelAssets:
+    """What turns raw samples into tokens: tokenizer, optional (image) processor."""
+
+    tokenizer: Any
+    processor: Any = None
+    pad_token_id: int = 0
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+    def save(self, out_dir: str | Path) -> None:
+        """Write the tokenizer/processor files in the HF layout."""
+        target = self.processor if self.processor is not None else self.tokenizer
+        target.save_pretrained(str(out_dir))
+
+
+class ModelAdapter:
+    """Base class of model adapters. Subclasses set :attr:`name` and override what differs.
+
+    Registered with ``register_model_adapters``; instantiated without arguments.
+    """
+
+    name: ClassVar[str] = ""
+    #: Batching runtime used when ``[data] batching`` is not set.
+    default_batching: ClassVar[str] = "packed"
+    #: Named configs for ``[model] config = NAME`` (random init): name -> HF config kwargs.
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    # -- model --------------------------------------------------------------------------------
+
+    def hf_config(self, model_config: ModelConfig) -> Any:
+        """The ``transformers`` config: from ``path``/config.json or a named config."""
+        raise NotImplementedError
+
+    def build_model(
+        self, model_config: ModelConfig, *, device: str | torch.device = "cpu", dtype: Any = None
+    ) -> torch.nn.Module:
+        """Build the model: weights from ``path`` or random init; ``device="meta"`` for sharding."""
+        raise NotImplementedError
+
+    def freeze_groups(self, model: torch.nn.Module) -> dict[str, list[str]]:
+        """Module paths of the groups ``[model] freeze`` may name (vision, projector, language)."""
+        return {"language": [""]}
+
+    def parallel_plan(self, model: torch.nn.Module) -> ParallelPlan:
+        """The sharding units and the vision encoder of ``model``."""
+        raise NotImplementedError
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments for every training forward (``use_cache=False``)."""
+        return {"use_cache": False}
+
+    def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
+        """Training FLOPs of one micro-batch (6 × active params × tokens + attention by default)."""
+        raise NotImplementedError
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def build_assets(self, model_config: ModelConfig) -> ModelAssets:
+        """Tokenizer and processor: from ``path`` when it has them, else offline defaults."""
+        raise NotImplementedError
+
+    def transform(
+        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
+    ) -> SampleFeatures:
+        """Turn one raw sample into :class:`SampleFeatures`; raise ``SampleError`` if bad."""
+        raise NotImplementedError
+
+    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Per-image vision inputs of a micro-batch (for encoder parallelism)."""
+        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
+
+    # -- export -------------------------------------------------------------------------------
+
+    def export_hf(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        hf_config: Any,
+        out_dir: str | Path,
+        assets: ModelAssets | None = None,
+    ) -> None:
+        """Write ``state_dict`` as an HF checkpoint (safetensors, config.json, tokenizer)."""
+        from ..export import save_hf_checkpoint
+
+        save_hf_checkpoint(state_dict, hf_config, out_dir, assets=assets)

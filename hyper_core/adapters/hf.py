@@ -1,0 +1,241 @@
+"""A base for adapters of models that ``transformers`` implements.
+
+Subclasses name the config and model classes lazily and list their sharding units; loading
+from a local HF directory, random init, meta-device construction, freezing, FLOPs and export are
+shared here so that no two adapters write them again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ConfigError, UserError
+from ..registry import import_ref
+from .base import FlopsCount, ModelAdapter, ParallelPlan, VisionEncoderSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching.types import MicroBatch
+    from ..config import ModelConfig
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def torch_dtype(name: str | None) -> Any:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (None stays None)."""
+    import torch
+
+    return None if name is None else getattr(torch, _DTYPES[name])
+
+
+def apply_overrides(hf_config: Any, overrides: Mapping[str, Any]) -> None:
+    """Set ``[model] hf_overrides`` on an HF config; dotted keys reach sub-configs."""
+    for key, value in overrides.items():
+        target = hf_config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = getattr(target, part, None)
+            if target is None:
+                raise ConfigError([(f"$.model.hf_overrides.{key}", f"config has no {part!r}")])
+        if isinstance(value, Mapping) and hasattr(getattr(target, leaf, None), "to_dict"):
+            apply_overrides(getattr(target, leaf), value)
+        else:
+            setattr(target, leaf, value)
+
+
+def match_modules(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
+    """Names of the submodules whose dotted path matches one of ``patterns`` (``*`` = a part)."""
+    names = []
+    for name, _ in model.named_modules():
+        parts = name.split(".")
+        for pattern in patterns:
+            pparts = pattern.split(".")
+            if len(pparts) == len(parts) and all(
+                fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pparts, strict=True)
+            ):
+                names.append(name)
+                break
+    return names
+
+
+def count_params(module: torch.nn.Module, *, exclude_embeddings: bool = True) -> int:
+    """Parameters of ``module`` (shared tensors once), without embedding tables by default."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    embeddings = {
+        id(p) for m in module.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()
+    }
+    for p in module.parameters():
+        if id(p) in seen or (exclude_embeddings and id(p) in embeddings):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+class HFModelAdapter(ModelAdapter):
+    """An adapter for a ``transformers`` model family.
+
+    Subclasses set :attr:`config_class`, :attr:`model_class` (lazy ``"module:Class"``),
+    :attr:`sharding_units`, and for VL models :attr:`vision_module`/:attr:`projector_module`.
+    """
+
+    config_class: ClassVar[str] = ""
+    model_class: ClassVar[str] = ""
+    #: Patterns of the sharding units (decoder layers, vision blocks).
+    sharding_units: ClassVar[tuple[str, ...]] = ()
+    #: Dotted paths of the groups for ``[model] freeze``.
+    vision_module: ClassVar[str | None] = None
+    projector_module: ClassVar[str | None] = None
+    language_module: ClassVar[str] = ""
+    vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+
+    # -- config -------------------------------------------------------------------------------
+
+    def hf_config(self, model_config: ModelConfig) -> Any:
+        """Load ``config.json`` from ``path`` or instantiate the named config; apply overrides."""
+        if model_config.path is not None:
+            cfg = self._config_from_dir(Path(model_config.path), model_config.trust_remote_code)
+        else:
+            name = model_config.config
+            if name not in self.named_configs:
+                known = ", ".join(sorted(self.named_configs)) or "none"
+                raise ConfigError(
+                    [
+                        (
+                            "$.model.config",
+                            f"adapter {self.name!r} has no config {name!r} (available: {known})",
+                        )
+                    ]
+                )
+            cfg = self._named_config(name)
+        apply_overrides(cfg, model_config.hf_overrides)
+        cfg._attn_implementation = model_config.attn_implementation
+        return cfg
+
+    def _named_config(self, name: str) -> Any:
+        return import_ref(self.config_class)(**dict(self.named_configs[name]))
+
+    def _config_from_dir(self, path: Path, trust_remote_code: bool) -> Any:
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise UserError(f"$.model.path: {path} has no config.json (a local HF model directory)")
+        if trust_remote_code:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(
+                str(path), trust_remote_code=True, local_files_only=True
+            )
+        config_cls = import_ref(self.config_class)
+        return config_cls.from_pretrained(str(path), local_files_only=True)
+
+    # -- model --------------------------------------------------------------------------------
+
+    def model_cls(self, hf_config: Any, trust_remote_code: bool) -> Any:
+        """The class to instantiate (subclasses may pick remote code when allowed)."""
+        return import_ref(self.model_class)
+
+    def build_model(
+        self, model_config: ModelConfig, *, device: str | torch.device = "cpu", dtype: Any = None
+    ) -> torch.nn.Module:
+        """Random init from the config, or safetensors weights from ``[model] path``."""
+        import torch
+
+        cfg = self.hf_config(model_config)
+        dtype = dtype if dtype is not None else torch_dtype(model_config.dtype)
+        cls = self.model_cls(cfg, model_config.trust_remote_code)
+        if model_config.path is not None and str(device) != "meta":
+            self._check_weights(Path(model_config.path))
+            model = cls.from_pretrained(
+                model_config.path,
+                config=cfg,
+                dtype=dtype,
+                local_files_only=True,
+                use_safetensors=True,
+                trust_remote_code=model_config.trust_remote_code,
+            )
+            return model.to(device)
+        with torch.device(device):
+            model = cls._from_config(cfg, dtype=dtype)
+        return model
+
+    @staticmethod
+    def _check_weights(path: Path) -> None:
+        if not any(path.glob("*.safetensors")):
+            raise UserError(
+                f"$.model.path: {path} has no *.safetensors weights; hyper-train loads weights "
+                "only from safetensors (convert .bin checkpoints first)"
+            )
+        cfg = json.loads((path / "config.json").read_text())
+        quant = cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method", "?")
+            raise UserError(
+                f"$.model.path: {path} holds {method}-quantized weights; training needs them "
+                "dequantized to bf16 first"
+            )
+
+    def freeze_groups(self, model: torch.nn.Module) -> dict[str, list[str]]:
+        """Vision tower, projector and language model, as declared by the subclass."""
+        groups: dict[str, list[str]] = {}
+        if self.vision_module is not None:
+            groups["vision"] = [self.vision_module]
+        if self.projector_module is not None:
+            groups["projector"] = [self.projector_module]
+        groups["language"] = [self.language_module]
+        return groups
+
+    def parallel_plan(self, model: torch.nn.Module) -> ParallelPlan:
+        """Sharding units from :attr:`sharding_units`; the vision encoder if declared."""
+        vision = None
+        if self.vision_module is not None:
+            vision = VisionEncoderSpec(module=self.vision_module, input_keys=self.vision_input_keys)
+        return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
+
+    def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
+        """6·N·tokens for the language model (N without embeddings) plus attention; the
+        vision tower's 6·N_vision·patches when it has one."""
+        vision_params = 0
+        if self.vision_module is not None:
+            vision = model.get_submodule(self.vision_module)
+            vision_params = count_params(vision, exclude_embeddings=False)
+        text_params = count_params(model) - vision_params
+        tokens = micro_batch.num_tokens
+        text = 6.0 * text_params * tokens + self._attention_flops(model, micro_batch)
+        patches = 0
+        grid = micro_batch.model_inputs.get("image_grid_thw")
+        if grid is not None and len(grid):
+            patches = int(grid.prod(dim=-1).sum())
+        return FlopsCount(text=text, vision=6.0 * vision_params * patches)
+
+    def _attention_flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> float:
+        cfg = getattr(model.config, "text_config", None) or model.config
+        layers = getattr(cfg, "num_hidden_layers", 0)
+        hidden = getattr(cfg, "hidden_size", 0)
+        lengths = micro_batch.sample_lengths or [micro_batch.num_tokens]
+        seq_sq = sum(n * n for n in lengths)
+        # QK^T and AV, forward and backward, causal half: 4 · 2 · L · H · s² / 2 · 3
+        return 6.0 * layers * hidden * seq_sq
+
+    # -- export -------------------------------------------------------------------------------
+
+    def export_hf(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        hf_config: Any,
+        out_dir: str | Path,
+        assets: Any = None,
+    ) -> None:
+        """Save through ``save_pretrained`` of a meta-device model (tied weights handled)."""
+        from ..export import save_hf_checkpoint
+
+        save_hf_checkpoint(
+            state_dict, hf_config, out_dir, model_cls=import_ref(self.model_class), assets=assets
+        )

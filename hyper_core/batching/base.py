@@ -1,0 +1,65 @@
+"""The batching runtime extension point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from .types import MicroBatch, SampleFeatures
+
+if TYPE_CHECKING:
+    import torch
+
+
+@attrs.frozen(kw_only=True)
+class BatchingOptions:
+    """What a runtime needs to know to lay out micro-batches."""
+
+    micro_batch_size: int  # samples per micro-batch
+    max_seq_len: int
+    pad_token_id: int
+    pad_to_multiple_of: int = 1
+
+
+class BatchingRuntime:
+    """Turns one rank's samples for a step into micro-batches and moves them to the device.
+
+    Subclasses implement :meth:`make_micro_batch`; registered with
+    ``register_batching_runtimes``. A runtime is constructed as ``Runtime(options)``.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, options: BatchingOptions) -> None:
+        self.options = options
+
+    def split(self, features: Sequence[SampleFeatures]) -> list[list[SampleFeatures]]:
+        """Group a step's samples into micro-batches (default: ``micro_batch_size`` each)."""
+        size = self.options.micro_batch_size
+        return [list(features[i : i + size]) for i in range(0, len(features), size)]
+
+    def collate(self, features: Sequence[SampleFeatures]) -> list[MicroBatch]:
+        """The micro-batches of one step."""
+        return [self.make_micro_batch(group) for group in self.split(features) if group]
+
+    def make_micro_batch(self, features: Sequence[SampleFeatures]) -> MicroBatch:
+        """Lay out one micro-batch's tensors."""
+        raise NotImplementedError
+
+    def to_device(
+        self, micro_batch: MicroBatch, device: torch.device
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Return ``(model_inputs, loss_inputs)`` on ``device``."""
+        import torch
+
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(device, non_blocking=True)
+            return value
+
+        return (
+            {k: move(v) for k, v in micro_batch.model_inputs.items()},
+            {k: move(v) for k, v in micro_batch.loss_inputs.items()},
+        )

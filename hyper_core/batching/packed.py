@@ -1,0 +1,71 @@
+"""The ``packed`` (padding-free) batching runtime: one row, per-sample position ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from .base import BatchingRuntime
+from .padded import (
+    batch_counts,
+    concat_media,
+    position_channels,
+    round_up,
+    sample_positions,
+    token_field_names,
+)
+from .types import IGNORE_INDEX, MicroBatch, SampleFeatures
+
+
+class PackedRuntime(BatchingRuntime):
+    """Concatenates the micro-batch's samples into a single (1, ΣL) row, no attention mask.
+
+    Each sample's position ids restart at its own positions; ``transformers`` derives the
+    sample boundaries from them when ``attention_mask`` is None and ``use_cache=False``, so
+    samples never attend to each other. With ``pad_to_multiple_of > 1`` a padding segment is
+    appended, its positions restarting at 0 (a separate "sample" with no loss).
+    """
+
+    name: ClassVar[str] = "packed"
+
+    def make_micro_batch(self, features: Sequence[SampleFeatures]) -> MicroBatch:
+        """(1, ΣL) tensors; position ids (1, ΣL) or (C, 1, ΣL)."""
+        import torch
+
+        if not features:
+            raise ValueError("empty micro-batch")
+        total = sum(f.length for f in features)
+        num_padding = round_up(total, self.options.pad_to_multiple_of) - total
+        channels = position_channels(features)
+        ids = [f.input_ids.long() for f in features]
+        labels = [f.labels.long() for f in features]
+        positions = [sample_positions(f, channels) for f in features]
+        names = token_field_names(features)
+        fields: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+        for f in features:
+            for name in names:
+                value = f.token_fields.get(name)
+                if value is None:
+                    dtype = next(
+                        g.token_fields[name].dtype for g in features if name in g.token_fields
+                    )
+                    value = torch.zeros(f.length, dtype=dtype)
+                fields[name].append(value)
+        if num_padding:
+            ids.append(torch.full((num_padding,), self.options.pad_token_id, dtype=torch.long))
+            labels.append(torch.full((num_padding,), IGNORE_INDEX, dtype=torch.long))
+            pad_pos = torch.arange(num_padding, dtype=torch.long)
+            positions.append(pad_pos if channels is None else pad_pos.expand(channels, -1))
+            for name in names:
+                fields[name].append(torch.zeros(num_padding, dtype=fields[name][0].dtype))
+        model_inputs: dict[str, Any] = {
+            "input_ids": torch.cat(ids).unsqueeze(0),
+            "position_ids": torch.cat(positions, dim=-1).unsqueeze(-2),
+            **{name: torch.cat(values).unsqueeze(0) for name, values in fields.items()},
+            **concat_media(features),
+        }
+        return MicroBatch(
+            model_inputs=model_inputs,
+            loss_inputs={"labels": torch.cat(labels).unsqueeze(0)},
+            **batch_counts(features, num_padding),
+        )

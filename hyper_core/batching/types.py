@@ -1,0 +1,65 @@
+"""What a sample looks like after the adapter's transform, and what a micro-batch is."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE_INDEX = -100
+
+
+@attrs.define(kw_only=True)
+class SampleFeatures:
+    """One tokenised sample, ready for a batching runtime.
+
+    ``labels`` are already shifted: ``labels[i]`` is the token predicted at position ``i``
+    (``IGNORE_INDEX`` where no loss is taken), so that packing never predicts across samples.
+    """
+
+    input_ids: torch.Tensor  # (L,) int64
+    labels: torch.Tensor  # (L,) int64, shifted
+    #: (L,) or (C, L), e.g. C=3/4 for mRoPE; None means 0..L-1.
+    position_ids: torch.Tensor | None = None
+    #: Per-token fields of shape (L,), concatenated/padded like input_ids (mm_token_type_ids).
+    token_fields: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    #: Fields concatenated along dim 0 across samples in order (pixel_values, image_grid_thw).
+    media: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    num_images: int = 0
+    #: Free-form information for evaluation and metrics (never given to the model).
+    meta: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def length(self) -> int:
+        """Number of tokens."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Number of positions that carry a loss."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+@attrs.define(kw_only=True)
+class MicroBatch:
+    """One forward/backward worth of samples, on the host until ``get_batch`` moves it."""
+
+    model_inputs: dict[str, Any]
+    loss_inputs: dict[str, Any]
+    num_samples: int
+    num_tokens: int  # real (non-padding) tokens
+    num_padding: int  # padding tokens in the tensors given to the model
+    num_loss_tokens: int
+    num_images: int = 0
+    #: Token count of each sample, in order (attention FLOPs, packing statistics).
+    sample_lengths: list[int] = attrs.field(factory=list)
+    meta: list[dict[str, Any]] = attrs.field(factory=list)
+
+    @property
+    def padding_ratio(self) -> float:
+        """Fraction of the model's input positions that are padding."""
+        total = self.num_tokens + self.num_padding
+        return self.num_padding / total if total else 0.0

@@ -1,0 +1,35 @@
+"""The core's built-in components: adapter, batching runtimes, strategies, dataset formats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hookspecs import hookimpl
+
+
+@hookimpl
+def register_model_adapters(register: Any) -> None:
+    """``hf_causal_lm``: any transformers causal LM."""
+    register("hf_causal_lm", "hyper_core.builtin.hf_causal_lm:HFCausalLMAdapter")
+
+
+@hookimpl
+def register_batching_runtimes(register: Any) -> None:
+    """``padded`` and ``packed`` (padding-free)."""
+    register("padded", "hyper_core.batching.padded:PaddedRuntime")
+    register("packed", "hyper_core.batching.packed:PackedRuntime")
+
+
+@hookimpl
+def register_parallel_strategies(register: Any) -> None:
+    """``none``, ``ddp``, ``fsdp2``."""
+    register("none", "hyper_core.parallel.simple:NoParallel")
+    register("ddp", "hyper_core.parallel.simple:DDP")
+    register("fsdp2", "hyper_core.parallel.fsdp2:FSDP2", aliases=["fsdp", "hsdp"])
+
+
+@hookimpl
+def register_dataset_formats(register: Any) -> None:
+    """``jsonl`` conversations and the synthetic ``shapes`` demo set."""
+    register("jsonl", "hyper_core.data.jsonl:load_jsonl_format")
+    register("shapes", "hyper_core.data.shapes:load_shapes_format")

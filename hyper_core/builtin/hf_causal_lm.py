@@ -1,0 +1,125 @@
+"""``hf_causal_lm``: the generic text adapter for any transformers causal-LM config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..adapters.base import ModelAssets
+from ..adapters.hf import HFModelAdapter
+
+if TYPE_CHECKING:
+    from ..batching.types import SampleFeatures
+
+_TINY_COMMON = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+}
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer_files(path: str | Path | None) -> bool:
+    """Whether a model directory ships its own tokenizer."""
+    return path is not None and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_local_tokenizer(path: str | Path, trust_remote_code: bool) -> Any:
+    """The tokenizer saved in a local HF directory (never downloads)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(path), local_files_only=True, trust_remote_code=trust_remote_code
+    )
+
+
+class HFCausalLMAdapter(HFModelAdapter):
+    """Any ``AutoModelForCausalLM`` model; text conversations in ChatML."""
+
+    name = "hf_causal_lm"
+    default_batching = "packed"
+    model_class = "transformers:AutoModelForCausalLM"
+    sharding_units = ("model.layers.*",)
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "tiny": {"model_type": "qwen2", **_TINY_COMMON},
+        "tiny-qwen2": {"model_type": "qwen2", **_TINY_COMMON},
+        "tiny-llama": {"model_type": "llama", **_TINY_COMMON},
+    }
+
+    def _config_from_dir(self, path: Path, trust_remote_code: bool) -> Any:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+
+    def _named_config(self, name: str) -> Any:
+        from transformers import AutoConfig
+
+        kwargs = dict(self.named_configs[name])
+        return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+
+    def model_cls(self, hf_config: Any, trust_remote_code: bool) -> Any:
+        """The concrete class for the config (``_from_config`` needs it)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM._model_mapping[type(hf_config)]
+
+    def export_hf(self, state_dict: Any, hf_config: Any, out_dir: Any, assets: Any = None) -> None:
+        """Save as the concrete causal-LM class."""
+        from ..export import save_hf_checkpoint
+
+        save_hf_checkpoint(
+            state_dict,
+            hf_config,
+            out_dir,
+            model_cls=self.model_cls(hf_config, False),
+            assets=assets,
+        )
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def build_assets(self, model_config: Any) -> ModelAssets:
+        """The directory's tokenizer when it has one, else the offline demo tokenizer."""
+        if has_tokenizer_files(model_config.path):
+            tok = load_local_tokenizer(model_config.path, model_config.trust_remote_code)
+        else:
+            from ..data.chat import QWEN_CHATML_TEMPLATE
+            from ..data.tokenizer import build_offline_tokenizer
+
+            tok = build_offline_tokenizer(
+                special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                chat_template=QWEN_CHATML_TEMPLATE,
+            )
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return ModelAssets(tokenizer=tok, pad_token_id=int(pad or 0))
+
+    def transform(
+        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
+    ) -> SampleFeatures:
+        """ChatML conversation → tokens with loss on assistant turns."""
+        import torch
+
+        from ..batching.types import SampleFeatures
+        from ..data.chat import QWEN_CHATML, tokenize_conversation
+        from ..data.conversation import parse_conversation
+        from ..data.errors import SampleError
+
+        conv = parse_conversation(sample)
+        if conv.num_images:
+            raise SampleError("bad_format", "hf_causal_lm is a text adapter; the sample has images")
+        tok = tokenize_conversation(
+            conv, assets.tokenizer, QWEN_CHATML, image_tokens=None, max_seq_len=max_seq_len
+        )
+        return SampleFeatures(
+            input_ids=torch.tensor(tok.input_ids, dtype=torch.long),
+            labels=torch.tensor(tok.labels, dtype=torch.long),
+            meta=dict(sample.get("meta") or {}),
+        )

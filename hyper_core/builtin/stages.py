@@ -1,0 +1,203 @@
+"""The core's default build stages, registered ``trylast`` so that plugins can replace them.
+
+Each function is a hook implementation of :mod:`hyper_core.hookspecs`; read them as the
+reference of what a stage must return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..hookspecs import hookimpl
+
+default = hookimpl(trylast=True)
+
+
+@default
+def setup_distributed(config: Any) -> Any:
+    """Seed, pick the device, and join the torchrun process group when there is one."""
+    from ..parallel.setup import init_distributed
+
+    return init_distributed(config)
+
+
+@default
+def build_model(config: Any, adapter: Any, dist: Any) -> Any:
+    """The adapter's model on this rank's device, with ``[model] freeze`` applied."""
+    model = adapter.build_model(config.model, device=dist.device)
+    freeze(model, adapter, config.model.freeze)
+    return model
+
+
+def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
+    """Turn off gradients of the named groups (vision, projector, language)."""
+    if not groups:
+        return
+    available = adapter.freeze_groups(model)
+    for group in groups:
+        if group not in available:
+            raise ConfigError(
+                [
+                    (
+                        "$.model.freeze",
+                        f"adapter {adapter.name!r} has no {group!r} group "
+                        f"(available: {', '.join(sorted(available))})",
+                    )
+                ]
+            )
+        for path in available[group]:
+            model.get_submodule(path).requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError([("$.model.freeze", "every parameter is frozen; nothing to train")])
+
+
+@default
+def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
+    """Activation checkpointing per sharding unit, then the strategy."""
+    plan = adapter.parallel_plan(model)
+    if config.training.activation_checkpointing:
+        from ..parallel.checkpointing import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, plan)
+    return strategy.apply(model, plan, dist)
+
+
+@default
+def build_loss(config: Any, adapter: Any) -> Any:
+    """The adapter's ``loss_fn`` if it has one, else the causal-LM loss."""
+    from ..training.loss import causal_lm_loss
+
+    return getattr(adapter, "loss_fn", None) or causal_lm_loss
+
+
+@default
+def build_model_assets(config: Any, adapter: Any) -> Any:
+    """Tokenizer and processor from the adapter."""
+    return adapter.build_assets(config.model)
+
+
+@default
+def build_data_transform(config: Any, adapter: Any, assets: Any) -> Any:
+    """``adapter.transform`` bound to the assets and ``max_seq_len`` (picklable)."""
+    return functools.partial(adapter.transform, assets=assets, max_seq_len=config.data.max_seq_len)
+
+
+def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[dict[str, Any]]:
+    from .resolve import _named
+
+    fmt = _named(f"$.data.{key}.format", registries.dataset_formats, source.format)
+    base_dir = Path(config.source_path).parent if config.source_path else Path.cwd()
+    return list(fmt(source.path, dict(source.options), base_dir))
+
+
+@default
+def build_dataset(config: Any, transform: Any, dist: Any, registries: Any) -> Any:
+    """Read the train/eval sources through their registered formats; transform lazily."""
+    from ..data.dataset import DatasetSplits, TransformedDataset
+
+    data = config.data
+    train = TransformedDataset(
+        _load_source(data.train, config, registries, "train"), transform, data.on_error
+    )
+    evaluation = None
+    if data.eval is not None:
+        raw = _load_source(data.eval, config, registries, "eval")
+        if data.eval_samples is not None:
+            raw = raw[: data.eval_samples]
+        evaluation = TransformedDataset(raw, transform, data.on_error)
+    return DatasetSplits(train=train, eval=evaluation)
+
+
+@default
+def build_collate_fn(config: Any, runtime: Any, assets: Any) -> Any:
+    """The batching runtime's ``collate``."""
+    return runtime.collate
+
+
+@default
+def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> Any:
+    """A resumable, rank-sharded step loader for train; a single-pass loader for eval."""
+    from ..data.loader import StepLoader, StepSampler
+    from ..trainer.trainer import check_batch_sizes
+    from ..types import DataLoaders
+
+    t, data = config.training, config.data
+    check_batch_sizes(config, dist.dp_size)
+
+    def loader(dataset: Any, shuffle: bool) -> Any:
+        sampler = StepSampler(
+            num_samples=len(dataset),
+            global_batch_size=t.global_batch_size,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            shuffle=shuffle,
+            seed=config.run.seed,
+        )
+        return StepLoader(dataset, collate_fn, sampler, num_workers=data.num_workers)
+
+    train = loader(datasets.train, data.shuffle)
+    evaluation = loader(datasets.eval, False) if datasets.eval is not None else None
+    return DataLoaders(train=train, eval=evaluation)
+
+
+@default
+def build_get_batch(config: Any, runtime: Any, dist: Any) -> Any:
+    """Move one micro-batch to this rank's device: ``(model_inputs, loss_inputs)``."""
+    return functools.partial(runtime.to_device, device=dist.device)
+
+
+@default
+def compute_train_iters(config: Any, dataloaders: Any, dist: Any) -> Any:
+    """``[training] steps``, or ``epochs`` × the loader's steps per epoch."""
+    t = config.training
+    if t.steps is not None:
+        return t.steps
+    return t.epochs * dataloaders.train.steps_per_epoch
+
+
+@default
+def build_optimizer(config: Any, model: Any) -> Any:
+    """AdamW (no weight decay on 1-D parameters with ``no_decay_1d``)."""
+    from ..training.optim import build_adamw
+
+    return build_adamw(model, config.training)
+
+
+@default
+def build_lr_scheduler(config: Any, optimizer: Any, train_iters: int) -> Any:
+    """Linear warmup, then constant, linear or cosine decay to ``min_lr_ratio``."""
+    from ..training.optim import build_scheduler
+
+    return build_scheduler(optimizer, config.training, train_iters)
+
+
+@default
+def build_training_context(config: Any, model: Any, dist: Any) -> Any:
+    """bf16 autocast with ``mixed_precision = "bf16"``, else no context."""
+    if config.training.mixed_precision == "bf16":
+        import torch
+
+        return functools.partial(torch.autocast, device_type=dist.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+@default
+def build_checkpointer(
+    config: Any, dist: Any, model: Any, optimizer: Any, lr_scheduler: Any, dataloaders: Any
+) -> Any:
+    """DCP checkpoints under ``output_dir/checkpoints``."""
+    from ..checkpoint import Checkpointer
+
+    return Checkpointer(config, dist)
+
+
+@default
+def build_callbacks(config: Any, dist: Any) -> Any:
+    """The progress display (rank 0)."""
+    from ..trainer.progress import Progress
+
+    return [Progress(config, dist)] if dist.is_main else []

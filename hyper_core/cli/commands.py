@@ -1,0 +1,246 @@
+"""The core's subcommands: run, plugins, config, export, plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PluginError, UserError
+
+CORE_COMMANDS = ("run", "plugins", "config", "export", "plot")
+
+
+def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the core's subcommands to ``sub``."""
+    run = sub.add_parser(
+        "run",
+        help="train from a config",
+        description="Train from a TOML config. Extra --section.key=value arguments override it.",
+    )
+    global_options(run)
+    run.add_argument("config", help="the TOML config")
+    run.add_argument("--dry-run", action="store_true", help="validate and resolve, don't train")
+    run.add_argument("--trace-hooks", action="store_true", help="log every hook call and its time")
+    run.add_argument("--nproc-per-node", type=int, default=None, help="processes per node")
+    run.add_argument("--nnodes", default=None, help="nodes (N or MIN:MAX), passed to torchrun")
+    run.add_argument("--node-rank", type=int, default=None, help="this node's rank")
+    run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
+    run.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
+    run.set_defaults(handler=cmd_run, accepts_overrides=True)
+
+    plugins = sub.add_parser("plugins", help="list, install or uninstall plugins")
+    global_options(plugins)
+    plugins.add_argument(
+        "action", nargs="?", choices=["list", "install", "uninstall"], default="list"
+    )
+    plugins.add_argument("name", nargs="?", help="distribution to install or uninstall")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(handler=cmd_plugins)
+
+    config = sub.add_parser("config", help="show or validate a config")
+    global_options(config)
+    config.add_argument("action", choices=["show", "validate"])
+    config.add_argument("config", help="the TOML config")
+    config.set_defaults(handler=cmd_config, accepts_overrides=True)
+
+    export = sub.add_parser("export", help="write a checkpoint in the Hugging Face layout")
+    global_options(export)
+    export.add_argument("checkpoint", help="a checkpoints/step-N folder")
+    export.add_argument("--out", required=True, help="output directory")
+    export.add_argument("--config", default=None, help="the run's config (default: its copy)")
+    export.set_defaults(handler=cmd_export)
+
+    plot = sub.add_parser("plot", help="draw loss, lr and throughput of a run to a PNG")
+    global_options(plot)
+    plot.add_argument("output_dir", help="the run's output_dir")
+    plot.add_argument("--out", default=None, help="PNG path (default: OUTPUT_DIR/metrics.png)")
+    plot.set_defaults(handler=cmd_plot)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def plugin_host(args: argparse.Namespace, required: list[str] | None = None) -> Any:
+    """The plugin host for this invocation; ``required`` plugins must be installed."""
+    from ..plugins import get_plugin_host
+
+    host = get_plugin_host(tuple(args.plugin), strict=True if args.strict_plugins else None)
+    for name in required or []:
+        record = host.records.get(name) or next(
+            (r for r in host.records.values() if r.distribution == name), None
+        )
+        if record is None:
+            raise PluginError(
+                f"$.run.plugins: plugin {name!r} is not installed (pip install it first)"
+            )
+        if record.status in ("failed", "disabled"):
+            raise PluginError(f"$.run.plugins: plugin {name!r} is {record.status}")
+    return host
+
+
+def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Read the config with the plugins it needs; returns ``(config, host)``."""
+    from ..config import load_config, read_toml
+
+    raw = read_toml(args.config)
+    required = (raw.get("run") or {}).get("plugins") or []
+    host = plugin_host(args, required if isinstance(required, list) else [])
+    config = load_config(args.config, args.overrides, host.registries.config_sections)
+    return config, host
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """Re-run this command under ``torch.distributed.run`` with N processes per node."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}"]
+    if args.nnodes:
+        cmd.append(f"--nnodes={args.nnodes}")
+    if args.node_rank is not None:
+        cmd.append(f"--node-rank={args.node_rank}")
+    if args.rdzv_endpoint:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+    else:
+        cmd.append("--standalone") if not args.nnodes else None
+    if args.rdzv_id:
+        cmd.append(f"--rdzv-id={args.rdzv_id}")
+    cmd += ["-m", "hyper_core", "run", args.config, *args.overrides]
+    for module in args.plugin:
+        cmd += ["--plugin", module]
+    if args.debug:
+        cmd.append("--debug")
+    if args.strict_plugins:
+        cmd.append("--strict-plugins")
+    if args.trace_hooks:
+        cmd.append("--trace-hooks")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    proc = subprocess.run(cmd, env=env, check=False)
+    return 0 if proc.returncode == 0 else (proc.returncode if proc.returncode == 2 else 1)
+
+
+def _trace_hooks(host: Any) -> None:
+    import logging
+    import time
+
+    log = logging.getLogger("hyper_train.hooks")
+    starts: list[float] = []
+
+    def before(hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+        starts.append(time.perf_counter())
+
+    def after(outcome: Any, hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+        elapsed = (time.perf_counter() - starts.pop()) * 1e3
+        names = ", ".join(i.plugin_name for i in impls)
+        log.info("hook %s [%s] %.3f ms", hook_name, names, elapsed)
+
+    host.pm.add_hookcall_monitoring(before, after)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``hyper-train run CONFIG``."""
+    under_torchrun = "LOCAL_RANK" in os.environ
+    if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun:
+        load_run_config(args)  # fail fast, once, on a bad config
+        return _launch_torchrun(args)
+    config, host = load_run_config(args)
+    from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
+
+    if args.dry_run:
+        adapter = resolve_adapter(config.model, host.registries)
+        resolve_strategy(config, host.registries)
+        batching = config.data.batching or adapter.default_batching
+        host.registries.batching_runtimes.entry(batching)
+        print(
+            f"config ok: adapter {adapter.name}, batching {batching}, "
+            f"strategy {config.parallel.strategy}"
+        )
+        return 0
+    _ = resolve_runtime  # resolved inside the trainer
+    if args.trace_hooks:
+        _trace_hooks(host)
+    from ..trainer.run import run_training
+
+    run_training(config, host)
+    return 0
+
+
+# -- plugins --------------------------------------------------------------------------------
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """``hyper-train plugins [--json]``, ``plugins install|uninstall NAME``."""
+    if args.action in ("install", "uninstall"):
+        if not args.name:
+            raise UserError(f"plugins {args.action}: name the distribution")
+        pip = [sys.executable, "-m", "pip", args.action]
+        if args.action == "uninstall":
+            pip.append("-y")
+        return subprocess.run([*pip, args.name], check=False).returncode
+    host = plugin_host(args)
+    records = list(host.records.values())
+    if args.json:
+        print(json.dumps([r.to_json() for r in records], indent=2))
+        return 0
+    for r in records:
+        origin = f"{r.distribution} {r.version}" if r.distribution else r.module
+        print(f"{r.name}  [{r.status}]  {origin}")
+        if r.error:
+            print(f"    error: {r.error}")
+        for kind, names in sorted(r.registers.items()):
+            print(f"    {kind}: {', '.join(names)}")
+        if r.hooks:
+            print(f"    hooks: {', '.join(r.hooks)}")
+    return 0
+
+
+# -- config ---------------------------------------------------------------------------------
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``hyper-train config show|validate CONFIG``."""
+    from ..config import dump_config
+
+    config, _ = load_run_config(args)
+    if args.action == "show":
+        sys.stdout.write(dump_config(config))
+    else:
+        print(f"{args.config}: ok")
+    return 0
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``hyper-train export CHECKPOINT --out DIR``."""
+    from ..config import load_config
+    from ..export import export_checkpoint
+
+    ckpt = Path(args.checkpoint)
+    config_path = Path(args.config) if args.config else ckpt.parent.parent / "config.toml"
+    if not config_path.is_file():
+        raise UserError(f"{config_path}: no config found for {ckpt} (pass --config)")
+    host = plugin_host(args)
+    config = load_config(config_path, (), host.registries.config_sections)
+    out = export_checkpoint(config, host, ckpt, Path(args.out))
+    print(f"exported {ckpt} to {out}")
+    return 0
+
+
+# -- plot -----------------------------------------------------------------------------------
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """``hyper-train plot OUTPUT_DIR``."""
+    from ..trainer.plot import plot_metrics
+
+    out = plot_metrics(Path(args.output_dir), Path(args.out) if args.out else None)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,114 @@
+"""Argument parsing, plugin commands, and turning errors into exit codes.
+
+User errors (:class:`~hyper_core.errors.UserError`) print one line and exit 2; ``--debug``
+shows the traceback. Any other exception is a failed run: exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import UserError
+
+EXIT_USER_ERROR = 2
+EXIT_FAILED = 1
+
+
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    parser.add_argument(
+        "--strict-plugins",
+        action="store_true",
+        help="a plugin that fails to load is fatal (also HYPER_TRAIN_STRICT_PLUGINS=1)",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also load this importable module as a plugin (repeatable)",
+    )
+
+
+def build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The parser; ``commands`` are the subcommands plugins registered."""
+    from . import commands as core
+
+    parser = argparse.ArgumentParser(
+        prog="hyper-train",
+        description="Train vision-language models with plugins.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    _global_options(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    core.add_commands(sub, _global_options)
+    for spec in (commands or {}).values():
+        p = sub.add_parser(spec.name, help=spec.help or f"(from plugin {spec.plugin})")
+        _global_options(p)
+        spec.add_arguments(p)
+        p.set_defaults(handler=spec.run)
+    return parser
+
+
+def _setup_logging(debug: bool) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    level = logging.DEBUG if debug else (logging.INFO if rank == 0 else logging.ERROR)
+    logging.basicConfig(level=level, format="hyper-train: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _plugin_commands(argv: Sequence[str]) -> dict[str, Any]:
+    """Plugin subcommands, loaded only when the command is not a core one."""
+    from . import commands as core
+
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in core.CORE_COMMANDS:
+        return {}
+    from ..plugins import get_plugin_host
+
+    strict = "--strict-plugins" in argv or None
+    return get_plugin_host(strict=strict).registries.commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hyper-train``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser(_plugin_commands(argv))
+        args, extra = parser.parse_known_args(argv)
+        if args.version:
+            from .. import __version__
+
+            print(f"hyper-train {__version__}")
+            return 0
+        if args.command is None:
+            parser.print_help()
+            return 0
+        if extra and not getattr(args, "accepts_overrides", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = extra
+        _setup_logging(args.debug)
+        code = args.handler(args)
+        return int(code or 0)
+    except UserError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"hyper-train: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("hyper-train: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except Exception:
+        traceback.print_exc()
+        print("hyper-train: the run failed (see the traceback above)", file=sys.stderr)
+        return EXIT_FAILED

@@ -1,0 +1,234 @@
+"""Loading configs: TOML file → overrides applied → strictly structured :class:`Config`."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from hyper_core.config.converter import (
+    FAILED,
+    Problems,
+    converter,
+    describe,
+    join_key,
+    show,
+    toml_fields,
+    unknown_key_message,
+)
+from hyper_core.config.schema import CORE_SECTIONS, Config, SectionSpec
+from hyper_core.errors import ConfigError, PluginError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+KNOWN_PLUGIN_SECTIONS: dict[str, str] = {
+    "encoder_parallel": "hyper-train-encoder-parallel",
+    "memory_profiler": "hyper-train-memory-profiler",
+}
+"""Sections of first-party plugins, by the distribution that provides them."""
+
+_OVERRIDE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    sections: Mapping[str, SectionSpec] | None = None,
+) -> Config:
+    """Read the TOML file at ``path``, apply ``--key.path=value`` overrides, and validate.
+
+    Raises :class:`ConfigError` (every problem, with its ``$.path``) for a missing or unreadable
+    file, a TOML syntax error (with its line), a bad override or an invalid config.
+    """
+    source = os.fspath(path)
+    parsed_overrides = parse_overrides(overrides)
+    raw = read_toml(source)
+    raw = apply_overrides(raw, parsed_overrides)
+    return _build(raw, source, os.path.abspath(source), sections)
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a TOML file; any failure is a :class:`ConfigError` naming the file."""
+    source = os.fspath(path)
+    try:
+        text = pathlib.Path(source).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config file not found", source=source) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a config file", source=source) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text: {exc}", source=source) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=source) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        if "at end of document" in msg:
+            msg = msg.replace("at end of document", f"at end of document, line {_last_line(text)}")
+        raise ConfigError(f"invalid TOML: {msg}", source=source) from None
+
+
+def _last_line(text: str) -> int:
+    return max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+
+
+def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
+    """Parse ``--a.b=value`` / ``a.b=value`` arguments into ``{"a.b": value}``.
+
+    Values are TOML values (``1e-4``, ``true``, ``"x"``, ``[1, 2]``, ``{ k = 1 }``); anything that
+    is not a valid TOML value is taken as a string, so ``--run.name=demo`` works unquoted.
+    Later arguments win. Raises :class:`ConfigError` listing every malformed argument.
+    """
+    problems = Problems()
+    out: dict[str, Any] = {}
+    for arg in args:
+        text = arg[2:] if arg.startswith("--") else arg
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not key or not all(_OVERRIDE_KEY.fullmatch(p) for p in parts):
+            problems.add("malformed override: expected --KEY.PATH=VALUE", path=arg)
+            continue
+        if not sep:
+            problems.add(f"override has no value; write --{key}=VALUE", path=_path_of(parts))
+            continue
+        out.pop(key, None)
+        out[key] = parse_value(value)
+    problems.raise_if_any(source="command line")
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value, or the text itself when it is not one."""
+    text = text.strip()
+    try:
+        parsed = tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    return parsed["v"] if parsed.keys() == {"v"} else text
+
+
+def _path_of(parts: Sequence[str]) -> str:
+    path = "$"
+    for part in parts:
+        path = join_key(path, part)
+    return path
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``raw`` with each ``{"a.b.c": value}`` set, creating missing tables."""
+    out = copy.deepcopy(dict(raw))
+    problems = Problems()
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        table = out
+        for depth, part in enumerate(parts[:-1]):
+            child = table.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.add(
+                    f"is {describe(child)}, not a table, so it cannot take the override "
+                    f"{dotted}={show(value)}",
+                    path=_path_of(parts[: depth + 1]),
+                )
+                break
+            table = child
+        else:
+            table[parts[-1]] = copy.deepcopy(value)
+    problems.raise_if_any(source="command line")
+    return out
+
+
+def load_config_dict(
+    data: Mapping[str, Any],
+    source: str | None = None,
+    sections: Mapping[str, SectionSpec] | None = None,
+) -> Config:
+    """Validate an already-parsed config (``source``: the file it came from, if any).
+
+    ``sections`` are the plugin sections registered through ``register_config_sections``,
+    by top-level name. Raises :class:`ConfigError` with every problem found.
+    """
+    return _build(data, source, source, sections)
+
+
+def _build(
+    data: Mapping[str, Any],
+    source: str | None,
+    source_path: str | None,
+    sections: Mapping[str, SectionSpec] | None,
+) -> Config:
+    sections = dict(sections or {})
+    _check_specs(sections)
+    problems = Problems()
+    if not isinstance(data, Mapping):
+        problems.add(f"expected a table, got {describe(data)}")
+        problems.raise_if_any(source)
+    core: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in CORE_SECTIONS:
+            core[key] = value
+        elif key in sections:
+            continue
+        elif key in KNOWN_PLUGIN_SECTIONS:
+            problems.add_key(
+                key,
+                "section of a plugin that is not installed; "
+                f"pip install {KNOWN_PLUGIN_SECTIONS[key]}",
+            )
+        else:
+            problems.add_key(key, unknown_key_message(str(key), [*CORE_SECTIONS, *sections]))
+    with problems.active():
+        config = problems.structure(converter, core, Config)
+        plugin_sections: dict[str, object] = {}
+        for name, spec in sections.items():
+            if name in data:
+                with problems.at_key(name):
+                    value = problems.structure(converter, data[name], spec.cls)
+            elif _all_defaulted(spec.cls):
+                with problems.at_key(name):
+                    value = problems.structure(converter, {}, spec.cls)
+            else:
+                continue
+            if value is not FAILED:
+                plugin_sections[name] = value
+    problems.raise_if_any(source)
+    return attrs.evolve(config, plugin_sections=plugin_sections, source_path=source_path)
+
+
+def _check_specs(sections: Mapping[str, SectionSpec]) -> None:
+    for name, spec in sections.items():
+        if name in CORE_SECTIONS:
+            raise PluginError(
+                f"plugin {spec.plugin!r} registers config section {name!r}, a core section"
+            )
+        if not (isinstance(spec.cls, type) and attrs.has(spec.cls)):
+            raise PluginError(
+                f"plugin {spec.plugin!r} registers config section {name!r} with "
+                f"{spec.cls!r}, which is not an attrs class"
+            )
+
+
+def _all_defaulted(cls: type) -> bool:
+    return all(f.default is not attrs.NOTHING for f in toml_fields(cls).values())
+
+
+def resolve_path(config: Config, path: str | os.PathLike[str]) -> pathlib.Path:
+    """A data path as the config means it: relative to the config file's directory.
+
+    Absolute paths (and ``~``) are kept; without a source file, relative to the working
+    directory. (``run.output_dir`` is relative to the working directory: don't use this for it.)
+    """
+    p = pathlib.Path(path).expanduser()
+    if p.is_absolute() or config.source_path is None:
+        return p
+    return pathlib.Path(config.source_path).parent / p

@@ -1,0 +1,481 @@
+"""The config schema: one frozen attrs class per TOML section.
+
+Every field carries ``metadata["help"]`` (used to generate the reference docs); a field whose TOML
+key differs from its name has ``metadata["key"]``; fields that are not read from TOML have
+``metadata["toml"] = False``. Cross-field rules live in ``_problems`` and raise a
+:class:`ConfigError` with ``$``-rooted paths on construction; the converter re-roots them at the
+section's path.
+"""
+
+import json
+import pathlib
+from typing import Any, Literal
+
+import attrs
+
+from hyper_core.config.converter import Invalid, converter, describe, show
+from hyper_core.errors import ConfigError
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+Validator = Any
+
+CORE_SECTIONS = ("run", "model", "data", "training", "parallel", "checkpoint", "logging")
+"""The core top-level sections, in the order they are dumped."""
+
+
+def meta(doc: str, *, key: str | None = None, toml: bool = True) -> dict[str, Any]:
+    """Field metadata: ``help`` text, the TOML ``key`` if it differs, ``toml=False`` if not read."""
+    metadata: dict[str, Any] = {"help": doc}
+    if key is not None:
+        metadata["key"] = key
+    if not toml:
+        metadata["toml"] = False
+    return metadata
+
+
+def at_least(bound: float) -> Validator:
+    """Validator: the value (when not None) is ``>= bound``."""
+
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not value >= bound:
+            raise ValueError(f"must be >= {show(bound)}, got {show(value)}")
+
+    return check
+
+
+def greater_than(bound: float) -> Validator:
+    """Validator: the value (when not None) is ``> bound``."""
+
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not value > bound:
+            raise ValueError(f"must be > {show(bound)}, got {show(value)}")
+
+    return check
+
+
+def between(low: float, high: float) -> Validator:
+    """Validator: ``low <= value <= high``."""
+
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"must be between {show(low)} and {show(high)}, got {show(value)}")
+
+    return check
+
+
+def not_empty(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+    """Validator: a string is not empty."""
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty")
+
+
+def _check_betas(_inst: Any, _attr: attrs.Attribute, value: list[float]) -> None:
+    if len(value) != 2:
+        raise ValueError(f"expected 2 values (beta1, beta2), got {len(value)}")
+    if not all(0.0 <= b < 1.0 for b in value):
+        raise ValueError(f"each beta must be in [0, 1), got {show(value)}")
+
+
+def _check_dp_shard(_inst: Any, _attr: attrs.Attribute, value: int) -> None:
+    if value != -1 and value < 1:
+        raise ValueError(f"must be -1 (the rest of the world) or >= 1, got {value}")
+
+
+class _Section:
+    """Base of the section classes: runs the cross-field rules after construction."""
+
+    __slots__ = ()
+
+    def _problems(self) -> list[tuple[str, str]]:
+        return []
+
+    def __attrs_post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise ConfigError(problems)
+
+
+@attrs.define(frozen=True, kw_only=True)
+class RunConfig(_Section):
+    """``[run]``: where the run writes, its seed and extra plugins."""
+
+    output_dir: str = attrs.field(
+        default="runs/default",
+        validator=not_empty,
+        metadata=meta("Output directory, relative to the working directory."),
+    )
+    seed: int = attrs.field(
+        default=0,
+        validator=at_least(0),
+        metadata=meta("Seed for every RNG (Python, NumPy, torch)."),
+    )
+    plugins: list[str] = attrs.field(
+        factory=list, metadata=meta("Extra plugins to load by name, like `--plugin MODULE`.")
+    )
+    deterministic: bool = attrs.field(
+        default=False, metadata=meta("Use deterministic algorithms (slower).")
+    )
+    name: str | None = attrs.field(
+        default=None, metadata=meta("A name for the run (logs, trackers).")
+    )
+
+
+@attrs.define(frozen=True, kw_only=True)
+class ModelConfig(_Section):
+    """``[model]``: which model to build; exactly one of ``path`` and ``config``."""
+
+    adapter: str | None = attrs.field(
+        default=None,
+        metadata=meta(
+            "Registered model adapter; optional when `path` has a config.json with a model_type."
+        ),
+    )
+    path: str | None = attrs.field(
+        default=None, metadata=meta("A local Hugging Face model directory.")
+    )
+    config: str | None = attrs.field(
+        default=None,
+        metadata=meta("A named config shipped by the adapter (random init), e.g. `tiny`."),
+    )
+    trust_remote_code: bool = attrs.field(
+        default=False, metadata=meta("Allow the model directory's own Python code.")
+    )
+    dtype: Dtype = attrs.field(
+        default="float32", metadata=meta("Dtype the weights are created/loaded in.")
+    )
+    attn_implementation: str = attrs.field(
+        default="sdpa", metadata=meta("Attention implementation (`sdpa`, `eager`...).")
+    )
+    freeze: list[Literal["vision", "projector", "language"]] = attrs.field(
+        factory=list, metadata=meta("Parts of the model whose parameters are not trained.")
+    )
+    min_pixels: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Smallest image area (pixels) the processor resizes to."),
+    )
+    max_pixels: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Largest image area (pixels) the processor resizes to."),
+    )
+    hf_overrides: dict[str, Any] = attrs.field(
+        factory=dict,
+        metadata=meta("Keys set on the Hugging Face model config, e.g. `hidden_size = 64`."),
+    )
+
+    def _problems(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        if self.path is None and self.config is None:
+            problems.append(
+                (
+                    "$",
+                    "set 'path' (a local HF directory) or 'config' (a named config of the adapter)",
+                )
+            )
+        elif self.path is not None and self.config is not None:
+            problems.append(("$", "set only one of 'path' and 'config'"))
+        elif self.path is None and self.adapter is None:
+            problems.append(("$.adapter", "required when 'path' is not set"))
+        if (
+            self.min_pixels is not None
+            and self.max_pixels is not None
+            and self.min_pixels > self.max_pixels
+        ):
+            problems.append(
+                (
+                    "$.max_pixels",
+                    f"must be >= min_pixels ({self.min_pixels}), got {self.max_pixels}",
+                )
+            )
+        return problems
+
+
+_INFERRED_FORMATS = {".jsonl": "jsonl", ".json": "jsonl"}
+
+
+def infer_format(path: str) -> str | None:
+    """The data format implied by a file name (``.jsonl``/``.json`` → ``jsonl``), else None."""
+    return _INFERRED_FORMATS.get(pathlib.PurePath(path).suffix.lower())
+
+
+@attrs.define(frozen=True, kw_only=True)
+class DataSource:
+    """A dataset: a registered ``format``, an optional ``path`` and format-specific options.
+
+    In TOML, either a path string (format inferred from the extension) or a table
+    ``{ format = "shapes", path = "...", ...options }``.
+    """
+
+    format: str = attrs.field(
+        validator=not_empty, metadata=meta("A registered dataset format, e.g. `jsonl`.")
+    )
+    path: str | None = attrs.field(
+        default=None,
+        validator=not_empty,
+        metadata=meta("File or directory, relative to the config file."),
+    )
+    options: dict[str, Any] = attrs.field(
+        factory=dict, metadata=meta("The table's other keys, passed to the format.")
+    )
+
+    @property
+    def is_plain_path(self) -> bool:
+        """True when this source can be written as just its path."""
+        return self.path is not None and not self.options and infer_format(self.path) == self.format
+
+
+def _structure_data_source(value: Any, _: Any) -> DataSource:
+    if isinstance(value, str):
+        if not value.strip():
+            raise Invalid("must not be empty")
+        fmt = infer_format(value)
+        if fmt is None:
+            raise Invalid(
+                f"cannot infer the format of {value!r} from its extension (.jsonl or .json); "
+                f'use a table like {{ format = "...", path = {json.dumps(value)} }}'
+            )
+        return DataSource(format=fmt, path=value)
+    if not isinstance(value, dict):
+        raise Invalid(f"expected a path string or a table, got {describe(value)}")
+    raw = {k: value[k] for k in ("format", "path") if k in value}
+    raw["options"] = {k: v for k, v in value.items() if k not in ("format", "path")}
+    return converter.structure_table(raw, DataSource)
+
+
+def _unstructure_data_source(source: DataSource) -> str | dict[str, Any]:
+    if source.is_plain_path:
+        return source.path
+    table: dict[str, Any] = {"format": source.format}
+    if source.path is not None:
+        table["path"] = source.path
+    return table | converter.unstructure(source.options)
+
+
+converter.register_structure_hook(DataSource, _structure_data_source)
+converter.register_unstructure_hook(DataSource, _unstructure_data_source)
+
+
+@attrs.define(frozen=True, kw_only=True)
+class DataConfig(_Section):
+    """``[data]``: training and evaluation data and how samples become batches."""
+
+    train: DataSource = attrs.field(
+        metadata=meta("Training data: a `.jsonl` path or a `{ format = ... }` table.")
+    )
+    eval: DataSource | None = attrs.field(
+        default=None, metadata=meta("Held-out data, same forms as `train`.")
+    )
+    max_seq_len: int = attrs.field(
+        default=2048, validator=at_least(1), metadata=meta("Longest sample, in tokens.")
+    )
+    batching: str | None = attrs.field(
+        default=None,
+        metadata=meta("Registered batching runtime (`padded`, `packed`); default: the adapter's."),
+    )
+    on_error: Literal["skip", "raise"] = attrs.field(
+        default="skip",
+        metadata=meta("What a bad sample does: skip it (counted and logged) or stop the run."),
+    )
+    num_workers: int = attrs.field(
+        default=0, validator=at_least(0), metadata=meta("DataLoader worker processes.")
+    )
+    shuffle: bool = attrs.field(
+        default=True, metadata=meta("Shuffle the training data each epoch.")
+    )
+    eval_samples: int | None = attrs.field(
+        default=None, validator=at_least(1), metadata=meta("Evaluate on at most this many samples.")
+    )
+
+
+@attrs.define(frozen=True, kw_only=True)
+class TrainingConfig(_Section):
+    """``[training]``: length, batch sizes, optimizer and schedule; one of ``steps``/``epochs``."""
+
+    steps: int | None = attrs.field(
+        default=None, validator=at_least(1), metadata=meta("Optimizer steps to train for.")
+    )
+    epochs: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Passes over the training data (instead of `steps`)."),
+    )
+    global_batch_size: int = attrs.field(
+        validator=at_least(1), metadata=meta("Samples per optimizer step across all ranks.")
+    )
+    micro_batch_size: int = attrs.field(
+        validator=at_least(1), metadata=meta("Samples per forward/backward on one rank.")
+    )
+    lr: float = attrs.field(validator=at_least(0.0), metadata=meta("Peak learning rate."))
+    weight_decay: float = attrs.field(
+        default=0.0, validator=at_least(0.0), metadata=meta("AdamW weight decay.")
+    )
+    betas: list[float] = attrs.field(
+        factory=lambda: [0.9, 0.999],
+        validator=_check_betas,
+        metadata=meta("AdamW betas `[beta1, beta2]`."),
+    )
+    eps: float = attrs.field(
+        default=1e-8, validator=greater_than(0.0), metadata=meta("AdamW epsilon.")
+    )
+    optimizer: Literal["adamw"] = attrs.field(default="adamw", metadata=meta("Optimizer."))
+    lr_scheduler: Literal["constant", "linear", "cosine"] = attrs.field(
+        default="cosine", metadata=meta("Learning-rate decay after warmup.")
+    )
+    warmup_steps: int = attrs.field(
+        default=0, validator=at_least(0), metadata=meta("Linear warmup steps from 0 to `lr`.")
+    )
+    min_lr_ratio: float = attrs.field(
+        default=0.0,
+        validator=between(0.0, 1.0),
+        metadata=meta("Final lr as a fraction of `lr` (linear/cosine)."),
+    )
+    max_grad_norm: float | None = attrs.field(
+        default=1.0,
+        validator=greater_than(0.0),
+        metadata=meta("Clip the global gradient norm to this; unset: no clipping."),
+    )
+    mixed_precision: Literal["no", "bf16"] = attrs.field(
+        default="no", metadata=meta("Autocast compute dtype.")
+    )
+    activation_checkpointing: bool = attrs.field(
+        default=False, metadata=meta("Recompute activations in backward.")
+    )
+    eval_every_steps: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Evaluate every N steps (and at the end) when `data.eval` is set."),
+    )
+    no_decay_1d: bool = attrs.field(
+        default=True, metadata=meta("No weight decay on 1-D parameters (norms, biases).")
+    )
+
+    def _problems(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        if self.steps is None and self.epochs is None:
+            problems.append(("$", "set one of 'steps' or 'epochs'"))
+        elif self.steps is not None and self.epochs is not None:
+            problems.append(("$", "set only one of 'steps' and 'epochs'"))
+        if self.global_batch_size % self.micro_batch_size:
+            problems.append(
+                (
+                    "$.global_batch_size",
+                    f"must be a multiple of micro_batch_size ({self.micro_batch_size}), "
+                    f"got {self.global_batch_size}",
+                )
+            )
+        return problems
+
+
+@attrs.define(frozen=True, kw_only=True)
+class ParallelConfig(_Section):
+    """``[parallel]``: the parallel strategy and its device mesh."""
+
+    strategy: str = attrs.field(
+        default="none",
+        validator=not_empty,
+        metadata=meta("Registered parallel strategy: `none`, `ddp`, `fsdp2`, ..."),
+    )
+    dp_replicate: int = attrs.field(
+        default=1,
+        validator=at_least(1),
+        metadata=meta("Data-parallel replicas (HSDP when > 1 with fsdp2)."),
+    )
+    dp_shard: int = attrs.field(
+        default=-1,
+        validator=_check_dp_shard,
+        metadata=meta("Ranks each replica is sharded over; -1: the rest of the world."),
+    )
+    param_dtype: Dtype | None = attrs.field(
+        default=None,
+        metadata=meta("FSDP mixed-precision parameter dtype; unset: the weights' dtype."),
+    )
+    reduce_dtype: Dtype | None = attrs.field(
+        default=None, metadata=meta("FSDP gradient-reduction dtype; unset: the parameter dtype.")
+    )
+    backend: Literal["auto", "gloo", "nccl"] = attrs.field(
+        default="auto", metadata=meta("torch.distributed backend; auto: nccl on CUDA, else gloo.")
+    )
+    timeout_s: int = attrs.field(
+        default=600, validator=at_least(1), metadata=meta("Collective timeout in seconds.")
+    )
+
+
+@attrs.define(frozen=True, kw_only=True)
+class CheckpointConfig(_Section):
+    """``[checkpoint]``: when to save, what to keep, how to resume."""
+
+    every_steps: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Save every N steps; unset: only at the end or on a signal."),
+    )
+    keep_last: int | None = attrs.field(
+        default=3,
+        validator=at_least(1),
+        metadata=meta("Keep this many newest checkpoints; unset: keep all."),
+    )
+    resume: str = attrs.field(
+        default="auto",
+        validator=not_empty,
+        metadata=meta("`auto` (latest in output_dir), `none`, or a checkpoint path."),
+    )
+    export_hf: bool = attrs.field(
+        default=False, metadata=meta("Also export HF safetensors to `output_dir/hf`.")
+    )
+    async_save: bool = attrs.field(
+        default=False, metadata=meta("Save in the background.", key="async")
+    )
+
+
+@attrs.define(frozen=True, kw_only=True)
+class LoggingConfig(_Section):
+    """``[logging]``: how often and where metrics go."""
+
+    every_steps: int = attrs.field(
+        default=10, validator=at_least(1), metadata=meta("Log metrics every N steps.")
+    )
+    tensorboard: bool = attrs.field(default=False, metadata=meta("Also write TensorBoard events."))
+    progress: Literal["auto", "bar", "lines", "none"] = attrs.field(
+        default="auto", metadata=meta("Console progress: a bar on a TTY, lines otherwise (auto).")
+    )
+
+
+@attrs.define(frozen=True, kw_only=True)
+class SectionSpec:
+    """A top-level config section registered by a plugin (``register_config_sections``)."""
+
+    name: str = attrs.field(metadata={"help": "The top-level TOML key, e.g. `encoder_parallel`."})
+    cls: type = attrs.field(metadata={"help": "The attrs class the section is structured into."})
+    plugin: str = attrs.field(metadata={"help": "The plugin that registered it."})
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Config:
+    """A whole, validated run config (load it with :func:`load_config`)."""
+
+    run: RunConfig = attrs.field(factory=RunConfig, metadata=meta("See `[run]`."))
+    model: ModelConfig = attrs.field(metadata=meta("See `[model]`."))
+    data: DataConfig = attrs.field(metadata=meta("See `[data]`."))
+    training: TrainingConfig = attrs.field(metadata=meta("See `[training]`."))
+    parallel: ParallelConfig = attrs.field(
+        factory=ParallelConfig, metadata=meta("See `[parallel]`.")
+    )
+    checkpoint: CheckpointConfig = attrs.field(
+        factory=CheckpointConfig, metadata=meta("See `[checkpoint]`.")
+    )
+    logging: LoggingConfig = attrs.field(factory=LoggingConfig, metadata=meta("See `[logging]`."))
+    plugin_sections: dict[str, object] = attrs.field(
+        factory=dict, metadata=meta("Structured plugin sections, by section name.", toml=False)
+    )
+    source_path: str | None = attrs.field(
+        default=None,
+        eq=False,
+        metadata=meta("The config file, for resolving relative paths.", toml=False),
+    )
+
+    def section(self, name: str) -> Any:
+        """A core or plugin section by name; None for a plugin section that is absent."""
+        if name in CORE_SECTIONS:
+            return getattr(self, name)
+        return self.plugin_sections.get(name)

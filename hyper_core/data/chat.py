@@ -1,0 +1,271 @@
+"""Chat-template rendering to token ids and shifted labels, shared by all adapters.
+
+A :class:`ChatFormat` renders each message as ``prefix(role) + parts + suffix``. Each piece is
+tokenised on its own (``add_special_tokens=False``) and concatenated, so the loss boundaries are
+exact. The loss covers the assistant's content tokens and the stripped suffix
+(``message_suffix.rstrip()``, i.e. ``<|im_end|>`` but not the newline after it) of assistant
+messages; never prefixes, system/user turns or image tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ..batching.types import IGNORE_INDEX, SampleFeatures
+from .conversation import Conversation, ImagePart, Message, TextPart, parse_conversation
+from .errors import SampleError
+
+ImageTokens = Callable[[int, ImagePart], Sequence[int]]
+
+
+@attrs.frozen(kw_only=True)
+class ChatFormat:
+    """How messages are rendered: ``message_prefix`` may contain ``{role}``.
+
+    ``default_system``: a system message inserted when the conversation does not start with
+    one (Qwen2/2.5 behaviour). ``bos``: text emitted once at the start.
+    """
+
+    message_prefix: str
+    message_suffix: str
+    bos: str | None = None
+    default_system: str | None = None
+
+    def prefix(self, role: str) -> str:
+        """The prefix of a message of ``role``."""
+        return self.message_prefix.replace("{role}", role)
+
+    @property
+    def loss_suffix(self) -> str:
+        """The part of the suffix that carries loss in assistant turns (e.g. ``<|im_end|>``)."""
+        return self.message_suffix.rstrip()
+
+    @property
+    def trailing_suffix(self) -> str:
+        """The rest of the suffix (whitespace after the end-of-message token): no loss."""
+        return self.message_suffix[len(self.loss_suffix) :]
+
+    def render(self, conversation: Conversation, *, add_generation_prompt: bool = False) -> str:
+        """The text of a text-only conversation (images are left out)."""
+        pieces = _pieces(conversation, self, add_generation_prompt=add_generation_prompt)
+        return "".join(text for kind, text, _ in pieces if kind != "image")
+
+    @property
+    def chat_template(self) -> str:
+        """A Jinja template for HF ``apply_chat_template`` that renders text like :meth:`render`.
+
+        List contents render their text parts only (VL processors bring their own template).
+        """
+        return _jinja_template(self)
+
+
+QWEN_CHATML = ChatFormat(
+    message_prefix="<|im_start|>{role}\n",
+    message_suffix="<|im_end|>\n",
+    bos=None,
+    default_system="You are a helpful assistant.",
+)
+
+
+@attrs.frozen(kw_only=True)
+class TokenizedConversation:
+    """Token ids, shifted labels (``labels[i]`` = target at position ``i``) and image spans."""
+
+    input_ids: list[int]
+    labels: list[int]
+    #: ``(start, end)`` (end exclusive) of each image's tokens in ``input_ids``, in order.
+    image_spans: list[tuple[int, int]]
+    num_loss_tokens: int
+
+    @property
+    def length(self) -> int:
+        """Number of tokens."""
+        return len(self.input_ids)
+
+
+# A piece: (kind, text, loss) with kind "text" or "image"; for images text is unused and the
+# third element is the ImagePart.
+_Piece = tuple[str, Any, Any]
+
+
+def _pieces(
+    conversation: Conversation, fmt: ChatFormat, *, add_generation_prompt: bool
+) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    if fmt.bos:
+        pieces.append(("text", fmt.bos, False))
+    messages: list[Message] = list(conversation.messages)
+    if fmt.default_system is not None and (not messages or messages[0].role != "system"):
+        messages.insert(0, Message("system", [TextPart(fmt.default_system)]))
+    for message in messages:
+        learn = message.role == "assistant"
+        pieces.append(("text", fmt.prefix(message.role), False))
+        for part in message.parts:
+            if isinstance(part, TextPart):
+                if part.text:
+                    pieces.append(("text", part.text, learn))
+            else:
+                pieces.append(("image", "", part))
+        pieces.append(("text", fmt.loss_suffix, learn))
+        pieces.append(("text", fmt.trailing_suffix, False))
+    if add_generation_prompt:
+        pieces.append(("text", fmt.prefix("assistant"), False))
+    return pieces
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    if not text:
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _tokenize(
+    conversation: Conversation,
+    tokenizer: Any,
+    fmt: ChatFormat,
+    image_tokens: ImageTokens | None,
+    *,
+    add_generation_prompt: bool,
+) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    ids: list[int] = []
+    loss: list[bool] = []
+    spans: list[tuple[int, int]] = []
+    for kind, text, extra in _pieces(
+        conversation, fmt, add_generation_prompt=add_generation_prompt
+    ):
+        if kind == "image":
+            if image_tokens is None:
+                raise SampleError("bad_format", "sample has an image but the model takes none")
+            toks = [int(t) for t in image_tokens(len(spans), extra)]
+            spans.append((len(ids), len(ids) + len(toks)))
+            ids.extend(toks)
+            loss.extend([False] * len(toks))
+        else:
+            toks = _encode(tokenizer, text)
+            ids.extend(toks)
+            loss.extend([bool(extra)] * len(toks))
+    return ids, loss, spans
+
+
+def tokenize_conversation(
+    conversation: Conversation,
+    tokenizer: Any,
+    chat_format: ChatFormat,
+    *,
+    image_tokens: ImageTokens | None = None,
+    max_seq_len: int | None,
+) -> TokenizedConversation:
+    """Render and tokenise ``conversation`` for training.
+
+    ``image_tokens(index, part)`` gives the token ids of the ``index``-th image (the adapter's
+    expansion, e.g. ``<|vision_start|>`` + ``<|image_pad|>`` × N + ``<|vision_end|>``).
+    Raises :class:`SampleError` ``too_long`` (never truncates) or ``no_loss_tokens``.
+    """
+    ids, loss, spans = _tokenize(
+        conversation, tokenizer, chat_format, image_tokens, add_generation_prompt=False
+    )
+    if max_seq_len is not None and len(ids) > max_seq_len:
+        raise SampleError("too_long", f"{len(ids)} tokens > max_seq_len {max_seq_len}")
+    labels = [ids[i + 1] if loss[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)]
+    labels.append(IGNORE_INDEX)
+    num_loss = sum(1 for t in labels if t != IGNORE_INDEX)
+    if num_loss == 0:
+        raise SampleError("no_loss_tokens", "no assistant tokens to learn from")
+    return TokenizedConversation(
+        input_ids=ids, labels=labels, image_spans=spans, num_loss_tokens=num_loss
+    )
+
+
+def tokenize_prompt(
+    conversation: Conversation,
+    tokenizer: Any,
+    chat_format: ChatFormat,
+    *,
+    image_tokens: ImageTokens | None = None,
+) -> TokenizedConversation:
+    """Token ids of ``conversation`` followed by the assistant prefix (for generation).
+
+    Use :meth:`Conversation.prompt_and_answer` first to drop the answer; labels are all ignored.
+    """
+    ids, _, spans = _tokenize(
+        conversation, tokenizer, chat_format, image_tokens, add_generation_prompt=True
+    )
+    return TokenizedConversation(
+        input_ids=ids, labels=[IGNORE_INDEX] * len(ids), image_spans=spans, num_loss_tokens=0
+    )
+
+
+def to_features(tokenized: TokenizedConversation, **fields: Any) -> SampleFeatures:
+    """:class:`SampleFeatures` with int64 ``input_ids``/``labels``; ``fields`` passed through."""
+    import torch
+
+    return SampleFeatures(
+        input_ids=torch.tensor(tokenized.input_ids, dtype=torch.long),
+        labels=torch.tensor(tokenized.labels, dtype=torch.long),
+        **fields,
+    )
+
+
+class TextChatTransform:
+    """The text-only transform: raw sample → conversation → tokens → :class:`SampleFeatures`.
+
+    Picklable when the tokenizer is; ``meta`` of the sample is copied to the features.
+    """
+
+    def __init__(self, tokenizer: Any, chat_format: ChatFormat, *, max_seq_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.chat_format = chat_format
+        self.max_seq_len = max_seq_len
+
+    def __call__(self, sample: Any) -> SampleFeatures:
+        conversation = parse_conversation(sample)
+        tokenized = tokenize_conversation(
+            conversation, self.tokenizer, self.chat_format, max_seq_len=self.max_seq_len
+        )
+        return to_features(tokenized, meta=dict(sample.get("meta") or {}))
+
+
+def _lit(text: str) -> str:
+    # Jinja string literals decode backslash escapes like Python's unicode-escape.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _jinja_template(fmt: ChatFormat) -> str:
+    before, sep, after = fmt.message_prefix.partition("{role}")
+
+    def prefix(role_expr: str) -> str:
+        if not sep:
+            return _lit(before)
+        return f"{_lit(before)} + {role_expr} + {_lit(after)}"
+
+    out = []
+    if fmt.bos:
+        out.append(f"{{{{- {_lit(fmt.bos)} -}}}}")
+    out.append("{%- for message in messages -%}")
+    if fmt.default_system is not None:
+        system = fmt.prefix("system") + fmt.default_system + fmt.message_suffix
+        out.append(
+            "{%- if loop.first and message['role'] != 'system' -%}"
+            f"{{{{- {_lit(system)} -}}}}"
+            "{%- endif -%}"
+        )
+    out.append(f"{{{{- {prefix('message[' + _lit('role') + ']')} -}}}}")
+    out.append(
+        "{%- if message['content'] is string -%}{{- message['content'] -}}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+    )
+    out.append(f"{{{{- {_lit(fmt.message_suffix)} -}}}}")
+    out.append("{%- endfor -%}")
+    out.append(
+        f"{{%- if add_generation_prompt -%}}{{{{- {prefix(_lit('assistant'))} -}}}}{{%- endif -%}}"
+    )
+    return "".join(out)
+
+
+QWEN_CHATML_TEMPLATE = QWEN_CHATML.chat_template

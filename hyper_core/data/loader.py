@@ -1,0 +1,319 @@
+"""The step loader: one item per optimizer step, sharded by rank, resumable, deterministic.
+
+Sampling is defined on *global* positions, so the sample sequence depends only on
+``(num_samples, global_batch_size, shuffle, seed)``, not on the world size or the number of
+workers. In epoch ``e`` the samples are ``randperm(num_samples)`` from
+``torch.Generator().manual_seed(seed + e)`` (identity without shuffle); step ``s`` covers global
+positions ``[s*G, (s+1)*G)`` and rank ``r`` takes the contiguous slice ``[r*G/W, (r+1)*G/W)``.
+
+Workers: with ``num_workers > 0`` the loader uses the ``fork`` start method where available
+(Linux): workers start fast and inherit the transform (tokenizer, processor) without pickling
+it. Pass ``multiprocessing_context`` to override (``"spawn"``/``"forkserver"`` need a picklable
+dataset and collate). ``TOKENIZERS_PARALLELISM`` defaults to ``false`` when workers are used, to
+avoid the fork warning/deadlock of HF fast tokenizers. Batches are collated in the workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+import torch.utils.data
+
+from ..batching.types import MicroBatch, SampleFeatures
+from ..errors import DataError
+from .dataset import Skipped
+
+Collate = Callable[[list[SampleFeatures]], list[MicroBatch]]
+
+
+class StepSampler:
+    """Which dataset indices rank ``rank`` gets at each step of each epoch."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        if global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad rank {rank} for world size {world_size}")
+        if global_batch_size % world_size:
+            raise ValueError(
+                f"global_batch_size {global_batch_size} is not divisible by the "
+                f"world size {world_size}"
+            )
+        self.num_samples = int(num_samples)
+        self.global_batch_size = int(global_batch_size)
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        if drop_last and self.num_samples < self.global_batch_size:
+            raise DataError(
+                f"the dataset has {self.num_samples} samples, fewer than one global "
+                f"batch ({self.global_batch_size}); lower [training] global_batch_size"
+            )
+        self._perm_cache: tuple[int, list[int]] | None = None
+
+    @property
+    def local_batch_size(self) -> int:
+        """Samples per rank per full step (``G / W``)."""
+        return self.global_batch_size // self.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """``num_samples // G`` with ``drop_last``, else rounded up."""
+        n, g = self.num_samples, self.global_batch_size
+        return n // g if self.drop_last else -(-n // g)
+
+    def permutation(self, epoch: int) -> list[int]:
+        """The order of the dataset in ``epoch``."""
+        if self._perm_cache is not None and self._perm_cache[0] == epoch:
+            return self._perm_cache[1]
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            perm = torch.randperm(self.num_samples, generator=gen).tolist()
+        else:
+            perm = list(range(self.num_samples))
+        self._perm_cache = (epoch, perm)
+        return perm
+
+    def step_indices(self, epoch: int, step: int) -> list[int]:
+        """This rank's dataset indices at ``step`` of ``epoch``."""
+        if not 0 <= step < self.steps_per_epoch:
+            raise IndexError(f"step {step} outside 0..{self.steps_per_epoch - 1}")
+        begin = step * self.global_batch_size
+        size = min(self.global_batch_size, self.num_samples - begin)
+        w, r = self.world_size, self.rank
+        lo, hi = begin + (r * size) // w, begin + ((r + 1) * size) // w
+        return self.permutation(epoch)[lo:hi]
+
+    def iter_epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[int]]:
+        """This rank's indices of each step of ``epoch`` from ``start_step``."""
+        for step in range(start_step, self.steps_per_epoch):
+            yield self.step_indices(epoch, step)
+
+
+class _BatchSampler:
+    """The DataLoader's batch sampler: one epoch from a position the StepLoader sets."""
+
+    def __init__(self, sampler: StepSampler) -> None:
+        self.sampler = sampler
+        self.epoch = 0
+        self.start_step = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler.iter_epoch(self.epoch, self.start_step)
+
+    def __len__(self) -> int:
+        return max(0, self.sampler.steps_per_epoch - self.start_step)
+
+
+class _StepCollate:
+    """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate."""
+
+    def __init__(self, collate: Collate) -> None:
+        self.collate = collate
+
+    def __call__(
+        self, items: Sequence[SampleFeatures | Skipped]
+    ) -> tuple[list[MicroBatch], dict[str, int], int]:
+        features: list[SampleFeatures] = []
+        skipped: dict[str, int] = {}
+        for item in items:
+            if isinstance(item, Skipped):
+                skipped[item.reason] = skipped.get(item.reason, 0) + 1
+            else:
+                features.append(item)
+        micro_batches = self.collate(features) if features else []
+        return micro_batches, dict(sorted(skipped.items())), len(features)
+
+
+@attrs.define(kw_only=True)
+class StepBatch:
+    """One rank's data for one optimizer step."""
+
+    micro_batches: list[MicroBatch]
+    #: ``reason -> count`` of this step's skipped samples.
+    skipped: dict[str, int]
+    #: Usable (not skipped) samples.
+    num_samples: int
+    epoch: int
+    step_in_epoch: int
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens of all micro-batches (this rank)."""
+        return sum(mb.num_loss_tokens for mb in self.micro_batches)
+
+
+def _default_context(num_workers: int) -> Any:
+    if num_workers > 0 and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return None
+
+
+class StepLoader:
+    """Yields a :class:`StepBatch` per step, forever, across epochs.
+
+    Built on ``torch.utils.data.DataLoader(batch_sampler=..., collate_fn=...)``. The position
+    (``state_dict``) counts batches *yielded*, not prefetched; ``load_state_dict`` makes the next
+    batch the one at that position without replaying the epoch (and may be called while an
+    iterator is live: it restarts there). Use one live iterator at a time.
+    """
+
+    def __init__(
+        self,
+        dataset: torch.utils.data.Dataset,
+        collate: Collate,
+        sampler: StepSampler,
+        *,
+        num_workers: int = 0,
+        prefetch_factor: int | None = 2,
+        persistent_workers: bool = False,
+        multiprocessing_context: Any = None,
+        timeout: float = 0,
+    ) -> None:
+        self.dataset = dataset
+        self.collate = collate
+        self.sampler = sampler
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.multiprocessing_context = multiprocessing_context or _default_context(num_workers)
+        self.timeout = timeout
+        self._epoch = 0
+        self._step = 0
+        self._generation = 0
+        self._batch_sampler = _BatchSampler(sampler)
+        self._loader: torch.utils.data.DataLoader | None = None
+
+    # -- position -------------------------------------------------------------------------
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch."""
+        return self.sampler.steps_per_epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self.state_dict()["epoch"]
+
+    @property
+    def step_in_epoch(self) -> int:
+        """The step (within its epoch) of the next batch."""
+        return self.state_dict()["step_in_epoch"]
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": e, "step_in_epoch": k}``: the next batch yielded is step ``k`` of ``e``."""
+        if self._step >= self.steps_per_epoch:
+            return {"epoch": self._epoch + 1, "step_in_epoch": 0}
+        return {"epoch": self._epoch, "step_in_epoch": self._step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at ``state`` (from :meth:`state_dict`)."""
+        epoch, step = state.get("epoch"), state.get("step_in_epoch")
+        if not isinstance(epoch, int) or not isinstance(step, int) or epoch < 0 or step < 0:
+            raise ValueError(f"bad data loader state {dict(state)!r}")
+        if step > self.steps_per_epoch:
+            raise ValueError(
+                f"data loader state is at step {step} of epoch {epoch} but an epoch has only "
+                f"{self.steps_per_epoch} steps (did the data set or the batch size change?)"
+            )
+        self._epoch, self._step = epoch, step
+        self._generation += 1
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def _make_loader(self, batch_sampler: Any, persistent: bool) -> torch.utils.data.DataLoader:
+        kwargs: dict[str, Any] = {}
+        if self.num_workers > 0:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            kwargs.update(
+                prefetch_factor=self.prefetch_factor,
+                persistent_workers=persistent,
+                multiprocessing_context=self.multiprocessing_context,
+                timeout=self.timeout,
+            )
+        return torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=batch_sampler,
+            collate_fn=_StepCollate(self.collate),
+            num_workers=self.num_workers,
+            # A private generator: creating an iterator must not consume the global torch RNG.
+            generator=torch.Generator().manual_seed(self.sampler.seed),
+            **kwargs,
+        )
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        if self.steps_per_epoch == 0:
+            return
+        if self._loader is None:
+            self._loader = self._make_loader(self._batch_sampler, self.persistent_workers)
+        while True:
+            generation = self._generation
+            epoch, start = self._epoch, self._step
+            if start >= self.steps_per_epoch:
+                self._epoch, self._step = epoch + 1, 0
+                continue
+            self._batch_sampler.epoch, self._batch_sampler.start_step = epoch, start
+            interrupted = False
+            for step, (micro_batches, skipped, n) in enumerate(self._loader, start):
+                if self._generation != generation:
+                    interrupted = True
+                    break
+                self._epoch, self._step = epoch, step + 1
+                yield StepBatch(
+                    micro_batches=micro_batches,
+                    skipped=skipped,
+                    num_samples=n,
+                    epoch=epoch,
+                    step_in_epoch=step,
+                )
+                if self._generation != generation:
+                    interrupted = True
+                    break
+            if not interrupted:
+                self._epoch, self._step = epoch + 1, 0
+
+    def iter_epoch_once(self) -> Iterator[StepBatch]:
+        """One pass in dataset order, the last partial step kept (for evaluation).
+
+        Independent of the training position; steps may hold fewer samples, and a rank may
+        get none in the last step.
+        """
+        sampler = StepSampler(
+            self.sampler.num_samples,
+            self.sampler.global_batch_size,
+            self.sampler.rank,
+            self.sampler.world_size,
+            shuffle=False,
+            seed=self.sampler.seed,
+            drop_last=False,
+        )
+        batch_sampler = _BatchSampler(sampler)
+        loader = self._make_loader(batch_sampler, persistent=False)
+        for step, (micro_batches, skipped, n) in enumerate(loader):
+            yield StepBatch(
+                micro_batches=micro_batches,
+                skipped=skipped,
+                num_samples=n,
+                epoch=0,
+                step_in_epoch=step,
+            )

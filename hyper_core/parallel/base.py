@@ -1,0 +1,41 @@
+"""The parallel strategy extension point."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..adapters.base import ParallelPlan
+    from .env import DistEnv
+
+
+class ParallelStrategy:
+    """Applies a parallelism to a model. Registered with ``register_parallel_strategies``.
+
+    Constructed as ``Strategy(parallel_config, training_config)``; :meth:`apply` returns the
+    model to train. Strategies that shard parameters set :attr:`shards_parameters` so the
+    trainer clips gradients with a global norm over shards.
+    """
+
+    name: ClassVar[str] = ""
+    shards_parameters: ClassVar[bool] = False
+
+    def __init__(self, parallel_config: Any, training_config: Any) -> None:
+        self.parallel = parallel_config
+        self.training = training_config
+
+    def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
+        """Return the parallelised model."""
+        raise NotImplementedError
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The underlying module (for state dicts, export and FLOPs)."""
+        return getattr(model, "module", model)
+
+    def no_sync(self, model: torch.nn.Module, last_micro_step: bool) -> Any:
+        """Context for a micro-step's backward (DDP skips the all-reduce until the last)."""
+        import contextlib
+
+        return contextlib.nullcontext()

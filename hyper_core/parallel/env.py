@@ -1,0 +1,69 @@
+"""The distributed environment of a run: ranks, device, device mesh."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+
+@attrs.define(kw_only=True)
+class DistEnv:
+    """Where this process sits in the job. A single process has ``world_size == 1``."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: Any = None  # torch.device
+    backend: str | None = None
+    #: DeviceMesh with dims ("dp_replicate", "dp_shard"), or None for one process.
+    mesh: Any = None
+    dp_replicate: int = 1
+    dp_shard: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: prints progress and writes metrics."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether a process group is initialised."""
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree (every rank is a data-parallel rank)."""
+        return self.world_size
+
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over all ranks (in place; identity for one process)."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def torchrun_env() -> dict[str, int] | None:
+    """RANK/LOCAL_RANK/WORLD_SIZE when launched by torchrun, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return {
+        "rank": int(os.environ["RANK"]),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }

@@ -1,0 +1,81 @@
+"""Process group, device mesh and seeding for the default ``setup_distributed`` stage."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from typing import Any
+
+from ..errors import ConfigError
+from .env import DistEnv, torchrun_env
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed python, numpy and torch; optionally make torch deterministic."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def init_distributed(config: Any) -> DistEnv:
+    """Join the torchrun job (if any) and build the ``dp_replicate × dp_shard`` mesh."""
+    import torch
+    import torch.distributed as dist
+
+    seed_everything(config.run.seed, config.run.deterministic)
+    env = torchrun_env()
+    cuda = torch.cuda.is_available()
+    if env is None or env["world_size"] == 1:
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        return DistEnv(device=device)
+    rank, local_rank, world = env["rank"], env["local_rank"], env["world_size"]
+    par = config.parallel
+    backend = par.backend if par.backend != "auto" else ("nccl" if cuda else "gloo")
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=par.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    replicate = par.dp_replicate
+    shard = par.dp_shard if par.dp_shard != -1 else world // replicate
+    if replicate * shard != world:
+        raise ConfigError(
+            [
+                (
+                    "$.parallel",
+                    f"dp_replicate ({replicate}) × dp_shard ({shard}) must equal the "
+                    f"world size ({world})",
+                )
+            ]
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if replicate > 1:
+        mesh = init_device_mesh(
+            device.type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    else:
+        mesh = init_device_mesh(device.type, (shard,), mesh_dim_names=("dp_shard",))
+    return DistEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        device=device,
+        backend=backend,
+        mesh=mesh,
+        dp_replicate=replicate,
+        dp_shard=shard,
+    )

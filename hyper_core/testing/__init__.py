@@ -1,0 +1,1 @@
+"""Helpers for plugin authors' tests (a pytest plugin registered through ``pytest11``)."""

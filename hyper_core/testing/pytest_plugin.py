@@ -1,0 +1,1 @@
+"""pytest plugin of hyper-train: fixtures for plugin authors."""

@@ -1,0 +1,414 @@
+"""The trainer: build stages in a fixed order, then the step loop of DESIGN.md.
+
+Setup is the ordered list of build-stage hook calls (:data:`hyper_core.hookspecs.BUILD_STAGES`);
+after each, ``on_stage_end`` fires. The step: fetch all micro-batches → ``on_step_begin`` →
+per micro-batch forward/backward with the loss normalised by the global count of loss tokens →
+clip → optimizer and scheduler step → ``global_step += 1`` → ``on_step_end`` → log → evaluate →
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..hookspecs import BUILD_STAGES
+from .metrics import MetricsWriter, StepTimer
+from .state import TrainState
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..plugins.manager import PluginHost
+
+log = logging.getLogger("hyper_train")
+
+
+class Trainer:
+    """One training run. ``Trainer(config, host).train()`` builds everything and trains."""
+
+    def __init__(self, config: Config, host: PluginHost) -> None:
+        self.config = config
+        self.host = host
+        self.registries = host.registries
+        self.state = TrainState()
+        self.built: list[str] = []
+        self.metrics_writer: MetricsWriter | None = None
+        self.last_eval: dict[str, Any] = {}
+        # Objects the build stages produce (set in setup()).
+        self.dist: Any = None
+        self.adapter: Any = None
+        self.model: Any = None
+        self.loss_fn: Any = None
+        self.assets: Any = None
+        self.transform: Any = None
+        self.datasets: Any = None
+        self.runtime: Any = None
+        self.strategy: Any = None
+        self.collate_fn: Any = None
+        self.dataloaders: Any = None
+        self.get_batch: Any = None
+        self.train_iters: int = 0
+        self.optimizer: Any = None
+        self.lr_scheduler: Any = None
+        self.training_context: Any = None
+        self.checkpointer: Any = None
+        self.callbacks: list[Any] = []
+        self._last_micro_batch: Any = None
+        self._stop_signals = 0
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _stage(self, stage: str, **kwargs: Any) -> Any:
+        result = self.host.call_stage(stage, **kwargs)
+        if result is None:
+            raise RuntimeError(f"build stage {stage!r} returned nothing (no implementation)")
+        self.built.append(stage)
+        self.host.fire("on_stage_end", stage=stage, result=result, trainer=self)
+        return result
+
+    def setup(self) -> None:
+        """Run every build stage in order."""
+        from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
+
+        cfg = self.config
+        self.dist = self._stage("setup_distributed", config=cfg)
+        self.adapter = resolve_adapter(cfg.model, self.registries)
+        self.strategy = resolve_strategy(cfg, self.registries)
+        self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
+        self.model = self._stage(
+            "parallelize_model",
+            config=cfg,
+            model=self.model,
+            adapter=self.adapter,
+            dist=self.dist,
+            strategy=self.strategy,
+        )
+        self.loss_fn = self._stage("build_loss", config=cfg, adapter=self.adapter)
+        self.assets = self._stage("build_model_assets", config=cfg, adapter=self.adapter)
+        self.transform = self._stage(
+            "build_data_transform", config=cfg, adapter=self.adapter, assets=self.assets
+        )
+        self.datasets = self._stage(
+            "build_dataset",
+            config=cfg,
+            transform=self.transform,
+            dist=self.dist,
+            registries=self.registries,
+        )
+        self.runtime = resolve_runtime(cfg, self.adapter, self.assets, self.registries)
+        self.collate_fn = self._stage(
+            "build_collate_fn", config=cfg, runtime=self.runtime, assets=self.assets
+        )
+        self.dataloaders = self._stage(
+            "build_dataloader",
+            config=cfg,
+            datasets=self.datasets,
+            collate_fn=self.collate_fn,
+            dist=self.dist,
+        )
+        self.get_batch = self._stage(
+            "build_get_batch", config=cfg, runtime=self.runtime, dist=self.dist
+        )
+        self.train_iters = int(
+            self._stage(
+                "compute_train_iters", config=cfg, dataloaders=self.dataloaders, dist=self.dist
+            )
+        )
+        self.optimizer = self._stage("build_optimizer", config=cfg, model=self.model)
+        self.lr_scheduler = self._stage(
+            "build_lr_scheduler",
+            config=cfg,
+            optimizer=self.optimizer,
+            train_iters=self.train_iters,
+        )
+        self.training_context = self._stage(
+            "build_training_context", config=cfg, model=self.model, dist=self.dist
+        )
+        self.checkpointer = self._stage(
+            "build_checkpointer",
+            config=cfg,
+            dist=self.dist,
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            dataloaders=self.dataloaders,
+        )
+        self.callbacks = list(self._stage("build_callbacks", config=cfg, dist=self.dist))
+        for i, callback in enumerate(self.callbacks):
+            name = f"callback-{i}-{type(callback).__name__}"
+            if not self.host.pm.is_registered(callback):
+                self.host.pm.register(callback, name=name)
+        assert tuple(self.built) == BUILD_STAGES, self.built
+
+    @property
+    def unwrapped_model(self) -> Any:
+        """The model without DDP wrapping."""
+        return self.strategy.unwrap(self.model) if self.strategy is not None else self.model
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def train(self) -> TrainState:
+        """Build (if needed) and train until ``train_iters`` steps or a stop signal."""
+        try:
+            if not self.built:
+                self.setup()
+            return self._train()
+        except BaseException as exc:
+            self._fire_error(exc)
+            raise
+        finally:
+            self._teardown()
+
+    def _train(self) -> TrainState:
+        cfg = self.config
+        self.checkpointer.maybe_resume(self)
+        if self.dist.is_main:
+            self.metrics_writer = MetricsWriter(
+                cfg.run.output_dir, tensorboard=cfg.logging.tensorboard
+            )
+        self._install_signal_handlers()
+        self.host.fire("on_train_begin", trainer=self, state=self.state)
+        loader = self.dataloaders.train
+        data: Iterator[Any] = iter(loader)
+        epoch_started: int | None = None
+        timer = StepTimer()
+        while self.state.global_step < self.train_iters and not self.state.stop_requested:
+            timer.start_wait()
+            step_batch = next(data)
+            timer.end_wait()
+            if epoch_started != step_batch.epoch:
+                if epoch_started is not None:
+                    self.host.fire(
+                        "on_epoch_end", trainer=self, state=self.state, epoch=epoch_started
+                    )
+                epoch_started = step_batch.epoch
+                self.state.epoch = step_batch.epoch
+                self.host.fire(
+                    "on_epoch_begin", trainer=self, state=self.state, epoch=step_batch.epoch
+                )
+            loss, loss_dict, grad_norm, stats = self.train_step(step_batch)
+            timer.add_step(stats)
+            self.host.fire(
+                "on_step_end",
+                trainer=self,
+                state=self.state,
+                loss=loss,
+                loss_dict=loss_dict,
+                grad_norm=grad_norm,
+            )
+            step = self.state.global_step
+            last = step >= self.train_iters or self.state.stop_requested
+            if step % cfg.logging.every_steps == 0 or last:
+                self._log(loss, loss_dict, grad_norm, timer)
+            if (
+                cfg.training.eval_every_steps
+                and step % cfg.training.eval_every_steps == 0
+                and not last
+            ):
+                self.evaluate()
+            self.checkpointer.maybe_save(self, final=last)
+        if epoch_started is not None and loader_epoch_done(loader):
+            self.host.fire("on_epoch_end", trainer=self, state=self.state, epoch=epoch_started)
+        if self.dataloaders.eval is not None:
+            self.evaluate()
+        self.checkpointer.wait()
+        self.host.fire("on_train_end", trainer=self, state=self.state)
+        return self.state
+
+    def train_step(
+        self, step_batch: Any
+    ) -> tuple[float, dict[str, float], float | None, dict[str, Any]]:
+        """One optimizer step over the micro-batches of ``step_batch``."""
+        import torch
+
+        micro_batches = list(step_batch.micro_batches)
+        for reason, n in step_batch.skipped.items():
+            self.state.skipped[reason] = self.state.skipped.get(reason, 0) + n
+        self.host.fire("on_step_begin", trainer=self, state=self.state, micro_batches=micro_batches)
+        dist = self.dist
+        counts = torch.tensor(
+            [sum(mb.num_loss_tokens for mb in micro_batches), len(micro_batches)],
+            dtype=torch.float64,
+        )
+        local_micro = len(micro_batches)
+        if dist.world_size > 1:
+            import torch.distributed as tdist
+
+            n_micro = torch.tensor([local_micro], dtype=torch.int64, device=dist.device)
+            tdist.all_reduce(n_micro, op=tdist.ReduceOp.MAX)
+            counts = counts.to(dist.device)
+            dist.all_reduce_sum(counts)
+            target_micro = int(n_micro.item())
+        else:
+            target_micro = local_micro
+        global_loss_tokens = max(float(counts[0].item()), 1.0)
+        # Ranks run the same number of forwards (collectives stay in lockstep); the padding
+        # micro-batches repeat a real one with a zero loss weight.
+        schedule = [(mb, 1.0) for mb in micro_batches]
+        filler = micro_batches[-1] if micro_batches else self._last_micro_batch
+        if len(schedule) < target_micro and filler is None:
+            raise RuntimeError("a rank has no usable sample in its first step; add data")
+        schedule += [(filler, 0.0)] * (target_micro - len(schedule))
+        if micro_batches:
+            self._last_micro_batch = micro_batches[-1]
+        grad_scale = float(dist.dp_size) if dist.world_size > 1 else 1.0
+        model = self.model
+        model.train()
+        loss_total = torch.zeros((), dtype=torch.float64, device=dist.device)
+        loss_parts: dict[str, torch.Tensor] = {}
+        forward_kwargs = self.adapter.forward_kwargs()
+        for i, (mb, weight) in enumerate(schedule):
+            model_inputs, loss_inputs = self.get_batch(mb)
+            with self.strategy.no_sync(model, last_micro_step=i == len(schedule) - 1):
+                with self.training_context():
+                    outputs = model(**model_inputs, **forward_kwargs)
+                loss, parts = self.loss_fn(outputs, loss_inputs, global_loss_tokens)
+                if weight != 1.0:
+                    loss = loss * weight
+                (loss * grad_scale).backward()
+            loss_total += loss.detach().to(torch.float64)
+            for k, v in parts.items():
+                loss_parts[k] = (
+                    loss_parts.get(k, 0) + torch.as_tensor(v, dtype=torch.float64).detach() * weight
+                )
+            self.host.fire(
+                "on_micro_step_end",
+                trainer=self,
+                state=self.state,
+                micro_step=i,
+                loss=loss.detach(),
+            )
+            del model_inputs, loss_inputs, outputs, loss  # release the device batch now
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce_sum(loss_total)
+        self.state.global_step += 1
+        n_samples = sum(mb.num_samples for mb in micro_batches)
+        n_tokens = sum(mb.num_tokens for mb in micro_batches)
+        self.state.samples_seen += n_samples
+        self.state.tokens_seen += n_tokens
+        stats = {
+            "tokens": n_tokens,
+            "padding": sum(mb.num_padding for mb in micro_batches),
+            "samples": n_samples,
+            "loss_tokens": global_loss_tokens,
+            "flops": self._flops(micro_batches),
+        }
+        loss_dict = {k: float(v) for k, v in loss_parts.items()}
+        return float(loss_total.item()), loss_dict, grad_norm, stats
+
+    def _clip_gradients(self) -> float | None:
+        import torch
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.training.max_grad_norm
+        if not params:
+            return None
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm if max_norm is not None else math.inf, foreach=True
+        )
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm.item())
+
+    def _flops(self, micro_batches: list[Any]) -> float:
+        try:
+            model = self.unwrapped_model
+            return float(sum(self.adapter.flops(model, mb).total for mb in micro_batches))
+        except NotImplementedError:
+            return 0.0
+
+    # -- logging and evaluation ---------------------------------------------------------------
+
+    def _log(
+        self, loss: float, loss_dict: dict[str, float], grad_norm: float | None, timer: StepTimer
+    ) -> None:
+        metrics: dict[str, Any] = {
+            "step": self.state.global_step,
+            "epoch": self.state.epoch,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+        metrics.update(timer.flush(self.dist))
+        if self.state.skipped:
+            metrics["skipped"] = dict(self.state.skipped)
+        self.host.fire("on_log", trainer=self, state=self.state, metrics=metrics)
+        if self.metrics_writer is not None:
+            self.metrics_writer.write(metrics)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Eval loss (and answer exact-match per question type) over the eval set."""
+        from .evaluate import run_evaluation
+
+        metrics = run_evaluation(self)
+        metrics["step"] = self.state.global_step
+        self.host.fire("on_evaluate", trainer=self, state=self.state, metrics=metrics)
+        if self.metrics_writer is not None:
+            self.metrics_writer.write({"eval": metrics, "step": self.state.global_step})
+        self.last_eval = metrics
+        return metrics
+
+    # -- errors, signals, teardown ------------------------------------------------------------
+
+    def _fire_error(self, exc: BaseException) -> None:
+        try:
+            self.host.fire("on_train_error", trainer=self, state=self.state, exc=exc)
+        except Exception:
+            log.exception("an on_train_error hook failed")
+
+    def _install_signal_handlers(self) -> None:
+        def request_stop(signum: int, frame: Any) -> None:
+            self._stop_signals += 1
+            if self._stop_signals > 1 and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.state.stop_requested = True
+            if self.dist.is_main:
+                log.warning(
+                    "received %s: stopping after the current step", signal.Signals(signum).name
+                )
+
+        self._old_handlers = {}
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old_handlers[sig] = signal.signal(sig, request_stop)
+        except ValueError:  # not the main thread
+            self._old_handlers = {}
+
+    def _teardown(self) -> None:
+        for sig, handler in getattr(self, "_old_handlers", {}).items():
+            signal.signal(sig, handler)
+        if self.metrics_writer is not None:
+            self.metrics_writer.close()
+        for callback in self.callbacks:
+            if self.host.pm.is_registered(callback):
+                self.host.pm.unregister(callback)
+
+
+def loader_epoch_done(loader: Any) -> bool:
+    """Whether the loader's position is at an epoch boundary."""
+    state = loader.state_dict() if hasattr(loader, "state_dict") else None
+    return bool(state) and state.get("step_in_epoch", 1) == 0
+
+
+def check_batch_sizes(config: Config, dp_size: int) -> int:
+    """Gradient-accumulation steps; global = micro × accumulation × data-parallel size."""
+    t = config.training
+    per_rank, rem = divmod(t.global_batch_size, dp_size)
+    if rem or per_rank % t.micro_batch_size:
+        raise ConfigError(
+            [
+                (
+                    "$.training.global_batch_size",
+                    f"{t.global_batch_size} is not micro_batch_size ({t.micro_batch_size}) × "
+                    f"accumulation × data-parallel size ({dp_size})",
+                )
+            ]
+        )
+    return per_rank // t.micro_batch_size

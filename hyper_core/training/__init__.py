@@ -1,0 +1,1 @@
+"""Loss, optimizer and LR schedules used by the default build stages."""
