@@ -10,7 +10,7 @@ from ..errors import PluginError, UserError
 from ..registry import Registries
 
 
-def _named(path: str, registry: Any, name: str) -> Any:
+def named(path: str, registry: Any, name: str) -> Any:
     try:
         return registry.get(name)
     except PluginError as exc:
@@ -20,7 +20,7 @@ def _named(path: str, registry: Any, name: str) -> Any:
 def resolve_adapter(model_config: Any, registries: Registries) -> Any:
     """The adapter named by ``[model] adapter``, or found from ``path``/config.json."""
     if model_config.adapter is not None:
-        return _named("$.model.adapter", registries.model_adapters, model_config.adapter)()
+        return named("$.model.adapter", registries.model_adapters, model_config.adapter)()
     if model_config.path is None:
         raise UserError("$.model.adapter: required when [model] path is not set")
     config_file = Path(model_config.path) / "config.json"
@@ -37,7 +37,7 @@ def resolve_adapter(model_config: Any, registries: Registries) -> Any:
     first = next((c for c in candidates if c), None)
     if first is None:
         raise UserError(f"$.model.path: {config_file} names no model_type; set [model] adapter")
-    return _named("$.model.adapter", registries.model_adapters, first)()
+    return named("$.model.adapter", registries.model_adapters, first)()
 
 
 def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registries) -> Any:
@@ -45,7 +45,7 @@ def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registri
     from ..batching.base import BatchingOptions
 
     name = config.data.batching or adapter.default_batching
-    cls = _named("$.data.batching", registries.batching_runtimes, name)
+    cls = named("$.data.batching", registries.batching_runtimes, name)
     return cls(
         BatchingOptions(
             micro_batch_size=config.training.micro_batch_size,
@@ -57,5 +57,5 @@ def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registri
 
 def resolve_strategy(config: Any, registries: Registries) -> Any:
     """The parallel strategy of ``[parallel] strategy``."""
-    cls = _named("$.parallel.strategy", registries.parallel_strategies, config.parallel.strategy)
+    cls = named("$.parallel.strategy", registries.parallel_strategies, config.parallel.strategy)
     return cls(config.parallel, config.training)

@@ -87,9 +87,9 @@ def build_data_transform(config: Any, adapter: Any, assets: Any) -> Any:
 
 
 def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[dict[str, Any]]:
-    from .resolve import _named
+    from .resolve import named
 
-    fmt = _named(f"$.data.{key}.format", registries.dataset_formats, source.format)
+    fmt = named(f"$.data.{key}.format", registries.dataset_formats, source.format)
     base_dir = Path(config.source_path).parent if config.source_path else Path.cwd()
     return list(fmt(source.path, dict(source.options), base_dir))
 

@@ -66,32 +66,35 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
 # -- helpers --------------------------------------------------------------------------------
 
 
-def plugin_host(args: argparse.Namespace, required: list[str] | None = None) -> Any:
-    """The plugin host for this invocation; ``required`` plugins must be installed."""
+def plugin_host(args: argparse.Namespace) -> Any:
+    """The plugin host for this invocation (``--plugin`` modules, ``--strict-plugins``)."""
     from ..plugins import get_plugin_host
 
-    host = get_plugin_host(tuple(args.plugin), strict=True if args.strict_plugins else None)
-    for name in required or []:
+    return get_plugin_host(tuple(args.plugin), strict=True if args.strict_plugins else None)
+
+
+def check_required_plugins(host: Any, required: list[str]) -> None:
+    """``[run] plugins`` names installed plugins (entry point or distribution) the run needs.
+
+    A config never names code to import: these must already be installed.
+    """
+    for name in required:
         record = host.records.get(name) or next(
             (r for r in host.records.values() if r.distribution == name), None
         )
         if record is None:
-            raise PluginError(
-                f"$.run.plugins: plugin {name!r} is not installed (pip install it first)"
-            )
+            raise PluginError(f"$.run.plugins: plugin {name!r} is not installed (pip install it)")
         if record.status in ("failed", "disabled"):
             raise PluginError(f"$.run.plugins: plugin {name!r} is {record.status}")
-    return host
 
 
 def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Read the config with the plugins it needs; returns ``(config, host)``."""
-    from ..config import load_config, read_toml
+    """Read and validate the config with the installed plugins; returns ``(config, host)``."""
+    from ..config import load_config
 
-    raw = read_toml(args.config)
-    required = (raw.get("run") or {}).get("plugins") or []
-    host = plugin_host(args, required if isinstance(required, list) else [])
+    host = plugin_host(args)
     config = load_config(args.config, args.overrides, host.registries.config_sections)
+    check_required_plugins(host, config.run.plugins)
     return config, host
 
 
@@ -150,19 +153,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_run_config(args)  # fail fast, once, on a bad config
         return _launch_torchrun(args)
     config, host = load_run_config(args)
-    from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
+    from ..builtin.resolve import named, resolve_adapter, resolve_strategy
 
     if args.dry_run:
         adapter = resolve_adapter(config.model, host.registries)
         resolve_strategy(config, host.registries)
         batching = config.data.batching or adapter.default_batching
-        host.registries.batching_runtimes.entry(batching)
+        named("$.data.batching", host.registries.batching_runtimes, batching)
         print(
             f"config ok: adapter {adapter.name}, batching {batching}, "
             f"strategy {config.parallel.strategy}"
         )
         return 0
-    _ = resolve_runtime  # resolved inside the trainer
     if args.trace_hooks:
         _trace_hooks(host)
     from ..trainer.run import run_training

@@ -121,6 +121,33 @@ class _BatchSampler:
         return max(0, self.sampler.steps_per_epoch - self.start_step)
 
 
+class _Failed:
+    """A :class:`DataError` raised while fetching a sample, carried to the main process."""
+
+    def __init__(self, error: DataError) -> None:
+        self.error = error
+
+
+class _CarryDataErrors(torch.utils.data.Dataset):
+    """Wraps the dataset so a worker's DataError reaches the main process as itself.
+
+    Otherwise the DataLoader re-raises it with the worker traceback inside the message, and the
+    CLI's one-line error would read "Caught DataError in DataLoader worker process 0".
+    """
+
+    def __init__(self, dataset: torch.utils.data.Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except DataError as exc:
+            return _Failed(exc)
+
+
 class _StepCollate:
     """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate."""
 
@@ -128,11 +155,13 @@ class _StepCollate:
         self.collate = collate
 
     def __call__(
-        self, items: Sequence[SampleFeatures | Skipped]
-    ) -> tuple[list[MicroBatch], dict[str, int], int]:
+        self, items: Sequence[SampleFeatures | Skipped | _Failed]
+    ) -> tuple[list[MicroBatch], dict[str, int], int] | _Failed:
         features: list[SampleFeatures] = []
         skipped: dict[str, int] = {}
         for item in items:
+            if isinstance(item, _Failed):
+                return item
             if isinstance(item, Skipped):
                 skipped[item.reason] = skipped.get(item.reason, 0) + 1
             else:
@@ -157,6 +186,12 @@ class StepBatch:
     def num_loss_tokens(self) -> int:
         """Loss tokens of all micro-batches (this rank)."""
         return sum(mb.num_loss_tokens for mb in self.micro_batches)
+
+
+def _unpack(item: Any) -> tuple[list[MicroBatch], dict[str, int], int]:
+    if isinstance(item, _Failed):
+        raise item.error
+    return item
 
 
 def _default_context(num_workers: int) -> Any:
@@ -252,7 +287,7 @@ class StepLoader:
                 timeout=self.timeout,
             )
         return torch.utils.data.DataLoader(
-            self.dataset,
+            _CarryDataErrors(self.dataset),
             batch_sampler=batch_sampler,
             collate_fn=_StepCollate(self.collate),
             num_workers=self.num_workers,
@@ -274,10 +309,11 @@ class StepLoader:
                 continue
             self._batch_sampler.epoch, self._batch_sampler.start_step = epoch, start
             interrupted = False
-            for step, (micro_batches, skipped, n) in enumerate(self._loader, start):
+            for step, item in enumerate(self._loader, start):
                 if self._generation != generation:
                     interrupted = True
                     break
+                micro_batches, skipped, n = _unpack(item)
                 self._epoch, self._step = epoch, step + 1
                 yield StepBatch(
                     micro_batches=micro_batches,
@@ -309,7 +345,8 @@ class StepLoader:
         )
         batch_sampler = _BatchSampler(sampler)
         loader = self._make_loader(batch_sampler, persistent=False)
-        for step, (micro_batches, skipped, n) in enumerate(loader):
+        for step, item in enumerate(loader):
+            micro_batches, skipped, n = _unpack(item)
             yield StepBatch(
                 micro_batches=micro_batches,
                 skipped=skipped,

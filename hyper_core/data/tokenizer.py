@@ -50,6 +50,8 @@ _DEFAULT_CORPUS: tuple[str, ...] = (
     "What colour is the shape? What shape is it? Describe the image.",
     "What comes after c? What is the opposite of hot? What colour is the sky? Repeat: apple",
     "You are a helpful assistant.",
+    # Role names at the start of a line, as chat templates put them (merged early: frequent).
+    *(["system\nuser\nassistant\n"] * 64),
 )
 
 

@@ -162,3 +162,23 @@ def test_workers_give_identical_batches() -> None:
 
     reference = run(0)
     assert reference == run(2) == run(2, persistent=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_error_raise_gives_a_clean_data_error(num_workers: int) -> None:
+    raw = [
+        {
+            "i": i,
+            **({"bad": "too_long"} if i == 2 else {}),
+            "_source": {"file": "/d.jsonl", "line": i + 1},
+        }
+        for i in range(4)
+    ]
+    dataset = TransformedDataset(raw, transform, on_error="raise")
+    runtime = PaddedRuntime(BatchingOptions(micro_batch_size=2, max_seq_len=8, pad_token_id=0))
+    loader = StepLoader(
+        dataset, runtime.collate, StepSampler(4, 4, shuffle=False), num_workers=num_workers
+    )
+    with pytest.raises(DataError) as info:
+        next(iter(loader))
+    assert str(info.value) == "/d.jsonl:3: too_long: sample 2 is bad"

@@ -1,0 +1,109 @@
+"""Every stage and event fires in DESIGN.md's order; stages can be replaced and wrapped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hyper_core import hookimpl
+from hyper_core.hookspecs import BUILD_STAGES, LIFECYCLE_EVENTS
+from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
+
+
+def test_every_hook_has_a_docstring() -> None:
+    from hyper_core import hookspecs
+
+    for name in BUILD_STAGES + LIFECYCLE_EVENTS + hookspecs.REGISTRATION_HOOKS:
+        doc = getattr(hookspecs, name).__doc__
+        assert doc and len(doc.strip()) > 20, name
+
+
+def test_stages_and_events_fire_in_order(tmp_path: Path) -> None:
+    rec = HookRecorder()
+    cfg = tiny_text_config(
+        tmp_path / "run",
+        training={"steps": 1, "global_batch_size": 4, "micro_batch_size": 4},
+        data={"eval": str(Path(tiny_text_config(tmp_path)["data"]["train"]).with_name(
+            "text_demo_eval.jsonl")), "eval_samples": 4},
+    )
+    run_tiny_training(cfg, plugins=[rec])
+    names = rec.names
+    stages = [n for n in names if n in BUILD_STAGES]
+    assert stages == list(BUILD_STAGES)
+    # on_stage_end follows every stage, with the stage's name.
+    for i, (name, _) in enumerate(rec.calls[: 2 * len(BUILD_STAGES)]):
+        if i % 2 == 1:
+            assert name == "on_stage_end"
+            assert rec.calls[i][1]["stage"] == rec.calls[i - 1][0]
+    events = [n for n in names if n in LIFECYCLE_EVENTS and n != "on_stage_end"]
+    assert events == [
+        "on_train_begin", "on_epoch_begin", "on_step_begin", "on_micro_step_end",
+        "on_step_end", "on_log", "on_save_checkpoint", "on_evaluate", "on_train_end",
+    ]
+    step_end = dict(rec.calls[names.index("on_step_end")][1])
+    assert step_end["state"].global_step >= 1 and step_end["loss"] > 0
+
+    # A second run resumes from the checkpoint: on_load_checkpoint fires once.
+    rec2 = HookRecorder()
+    cfg["checkpoint"] = {"resume": "auto"}
+    cfg["training"]["steps"] = 2
+    run_tiny_training(cfg, plugins=[rec2])
+    assert rec2.names.count("on_load_checkpoint") == 1
+    assert rec2.names.index("on_load_checkpoint") < rec2.names.index("on_train_begin")
+
+
+class Boom(RuntimeError):
+    pass
+
+
+class FailInStep:
+    @hookimpl
+    def on_step_begin(self, state: Any) -> None:
+        if state.global_step == 1:
+            raise Boom("step 2 failed")
+
+
+def test_train_error_fires_and_the_original_exception_propagates(tmp_path: Path) -> None:
+    rec = HookRecorder()
+    with pytest.raises(Boom):
+        run_tiny_training(tiny_text_config(tmp_path), plugins=[rec, FailInStep()], steps=3)
+    errors = [kw for name, kw in rec.calls if name == "on_train_error"]
+    assert len(errors) == 1 and isinstance(errors[0]["exc"], Boom)
+    assert "on_train_end" not in rec.names
+
+
+class ReplaceOptimizer:
+    @hookimpl
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+class WrapModel:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @hookimpl(wrapper=True)
+    def build_model(self) -> Any:
+        model = yield
+        self.seen.append(sum(p.numel() for p in model.parameters()))
+        model.get_input_embeddings().requires_grad_(False)
+        return model
+
+
+def test_a_plugin_replaces_a_stage(tmp_path: Path) -> None:
+    run = run_tiny_training(tiny_text_config(tmp_path), plugins=[ReplaceOptimizer()], steps=1)
+    assert isinstance(run.trainer.optimizer, torch.optim.SGD)
+
+
+def test_a_plugin_wraps_a_stage(tmp_path: Path) -> None:
+    wrap = WrapModel()
+    run = run_tiny_training(tiny_text_config(tmp_path), plugins=[wrap], steps=1)
+    assert len(wrap.seen) == 1 and wrap.seen[0] > 0
+    emb = run.trainer.model.get_input_embeddings().weight
+    assert not emb.requires_grad
+    # The frozen embedding is not in the optimizer.
+    params = {id(p) for g in run.trainer.optimizer.param_groups for p in g["params"]}
+    assert id(emb) not in params
