@@ -2,8 +2,9 @@
 
 Plugins register components by name through the ``register_*`` hooks. Names are normalised
 (:func:`normalize_name`) so ``Qwen2_5_VL``, ``qwen2-5-vl`` and
-``Qwen2_5_VLForConditionalGeneration`` are one key. References may be lazy ``"module:attr"`` strings: nothing is imported until the
-component is used, which keeps ``hyper-train --help`` and ``hyper-train plugins`` fast.
+``Qwen2_5_VLForConditionalGeneration`` are one key. References may be lazy ``"module:attr"``
+strings: nothing is imported until the component is used, which keeps ``hyper-train --help``
+and ``hyper-train plugins`` fast.
 """
 
 from __future__ import annotations

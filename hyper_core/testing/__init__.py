@@ -141,7 +141,7 @@ def _make_recorder_hooks() -> None:
         else:
             body = f"    {record}\n"
         namespace: dict[str, Any] = {}
-        exec(f"def {name}(self, {', '.join(args)}):\n{body}", namespace)  # noqa: S102
+        exec(f"def {name}(self, {', '.join(args)}):\n{body}", namespace)
         marker = hookimpl(wrapper=True) if name in BUILD_STAGES else hookimpl
         setattr(HookRecorder, name, marker(namespace[name]))
 

@@ -179,7 +179,7 @@ def test_missing_known_adapter_names_the_distribution() -> None:
 def test_override_declared_replaces_the_other_registration() -> None:
     reg: Registry[object] = Registry("model adapter")
     reg.register("llava", "a:A", plugin="one")
-    with pytest.raises(PluginError, match="'one'.*'two'"):
+    with pytest.raises(PluginError, match=r"'one'.*'two'"):
         reg.register("llava", "b:B", plugin="two")
     reg.register("llava", "b:B", plugin="two", overrides="llava")
     assert reg.entry("llava").plugin == "two"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     f = [lr_factor(s, kind="cosine", warmup=10, total=110, min_ratio=0.1) for s in range(111)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert f[10] == pytest.approx(1.0) and f[110] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert all(a >= b for a, b in itertools.pairwise(f[10:]))
     lin = [lr_factor(s, kind="linear", warmup=0, total=10, min_ratio=0.0) for s in range(11)]
     assert lin[5] == pytest.approx(0.5) and lin[10] == 0.0
     assert lr_factor(50, kind="constant", warmup=10, total=100, min_ratio=0.0) == 1.0
