@@ -19,7 +19,7 @@ _TINY_COMMON = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 512,
-    "vocab_size": 512,
+    "vocab_size": 1024,
     "tie_word_embeddings": True,
 }
 
@@ -97,6 +97,7 @@ class HFCausalLMAdapter(HFModelAdapter):
             tok = build_offline_tokenizer(
                 special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                 chat_template=QWEN_CHATML_TEMPLATE,
+                vocab_size=1024,
             )
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return ModelAssets(tokenizer=tok, pad_token_id=int(pad or 0))
