@@ -65,11 +65,11 @@ def _setup_logging(debug: bool) -> None:
 
 
 def _plugin_commands(argv: Sequence[str]) -> dict[str, Any]:
-    """Plugin subcommands, loaded only when the command is not a core one."""
+    """Plugin subcommands (for ``--help`` and non-core commands; plugins import no torch)."""
     from . import commands as core
 
     first = next((a for a in argv if not a.startswith("-")), None)
-    if first is None or first in core.CORE_COMMANDS:
+    if first in core.CORE_COMMANDS:
         return {}
     from ..plugins import get_plugin_host
 

@@ -33,7 +33,10 @@ def tiny_text_config(output_dir: str | os.PathLike[str], **sections: Mapping[str
             "batching": "packed",
         },
         "training": {
-            "steps": 5, "global_batch_size": 8, "micro_batch_size": 4, "lr": 3e-3,
+            "steps": 5,
+            "global_batch_size": 8,
+            "micro_batch_size": 4,
+            "lr": 3e-3,
             "warmup_steps": 0,
         },
         "logging": {"every_steps": 1, "progress": "none"},

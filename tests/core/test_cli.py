@@ -37,8 +37,12 @@ def test_bad_config_exits_2_with_its_path(
 
 @pytest.mark.parametrize(
     ("override", "where"),
-    [("--training.lr=abc", "$.training.lr"), ("--training.steps=3.5", "$.training.steps"),
-     ("--nosuchsection.x=1", "$.nosuchsection"), ("--data.batching=sorted", "$.data.batching")],
+    [
+        ("--training.lr=abc", "$.training.lr"),
+        ("--training.steps=3.5", "$.training.steps"),
+        ("--nosuchsection.x=1", "$.nosuchsection"),
+        ("--data.batching=sorted", "$.data.batching"),
+    ],
 )
 def test_bad_override_exits_2(
     override: str, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -107,8 +111,12 @@ def _imports_after(args: list[str]) -> str:
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-        env={**os.environ}, timeout=60,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ},
+        timeout=60,
     )
     return proc.stdout.strip().splitlines()[-1]
 
@@ -131,11 +139,17 @@ def test_a_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     )
     sys.path.insert(0, str(tmp_path))
     try:
-        code = main([
-            "run", str(REPO / "configs" / "text_demo.toml"), "--plugin", "crash_plugin",
-            f"--run.output_dir={tmp_path / 'out'}", "--training.steps=1",
-            "--logging.progress=none",
-        ])
+        code = main(
+            [
+                "run",
+                str(REPO / "configs" / "text_demo.toml"),
+                "--plugin",
+                "crash_plugin",
+                f"--run.output_dir={tmp_path / 'out'}",
+                "--training.steps=1",
+                "--logging.progress=none",
+            ]
+        )
     finally:
         sys.path.remove(str(tmp_path))
     assert code == 1

@@ -26,8 +26,12 @@ def test_stages_and_events_fire_in_order(tmp_path: Path) -> None:
     cfg = tiny_text_config(
         tmp_path / "run",
         training={"steps": 1, "global_batch_size": 4, "micro_batch_size": 4},
-        data={"eval": str(Path(tiny_text_config(tmp_path)["data"]["train"]).with_name(
-            "text_demo_eval.jsonl")), "eval_samples": 4},
+        data={
+            "eval": str(
+                Path(tiny_text_config(tmp_path)["data"]["train"]).with_name("text_demo_eval.jsonl")
+            ),
+            "eval_samples": 4,
+        },
     )
     run_tiny_training(cfg, plugins=[rec])
     names = rec.names
@@ -40,8 +44,15 @@ def test_stages_and_events_fire_in_order(tmp_path: Path) -> None:
             assert rec.calls[i][1]["stage"] == rec.calls[i - 1][0]
     events = [n for n in names if n in LIFECYCLE_EVENTS and n != "on_stage_end"]
     assert events == [
-        "on_train_begin", "on_epoch_begin", "on_step_begin", "on_micro_step_end",
-        "on_step_end", "on_log", "on_save_checkpoint", "on_evaluate", "on_train_end",
+        "on_train_begin",
+        "on_epoch_begin",
+        "on_step_begin",
+        "on_micro_step_end",
+        "on_step_end",
+        "on_log",
+        "on_save_checkpoint",
+        "on_evaluate",
+        "on_train_end",
     ]
     step_end = dict(rec.calls[names.index("on_step_end")][1])
     assert step_end["state"].global_step >= 1 and step_end["loss"] > 0

@@ -35,6 +35,15 @@ def register_model_adapters(register):
 @hookimpl
 def on_train_begin(trainer, state):
     pass
+
+@hookimpl
+def register_commands(register):
+    def add_arguments(parser):
+        parser.add_argument("word")
+    def run(args):
+        print("echo:", args.word)
+        return 3
+    register("echo", add_arguments, run, help="say a word")
 """
 BROKEN = "raise RuntimeError('boom at import')\n"
 MISSPELLED = """
@@ -85,7 +94,7 @@ def test_entry_point_plugin_is_listed_with_version_and_registrations(site: Path)
     assert good["distribution"] == "hyper-train-good"
     assert good["version"] == "1.2.3"
     assert good["status"] == "loaded"
-    assert good["registers"] == {"model adapter": ["my_adapter"]}
+    assert good["registers"] == {"model adapter": ["my_adapter"], "command": ["echo"]}
     assert "on_train_begin" in good["hooks"]
     assert recs["hyper_core.builtin.components"]["status"] == "builtin"
 
@@ -191,3 +200,11 @@ def test_lazy_reference_is_imported_only_on_use() -> None:
     assert "thing" in reg
     with pytest.raises(ModuleNotFoundError):
         reg.get("thing")
+
+
+def test_plugin_subcommand_runs(site: Path) -> None:
+    proc = run_cli(["echo", "hello"], site)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == "echo: hello"
+    helptext = run_cli(["--help"], site).stdout
+    assert "run" in helptext and "say a word" in helptext

@@ -17,8 +17,11 @@ def final_weights(run) -> dict[str, torch.Tensor]:
 
 def test_tiny_causal_lm_loss_falls(tmp_path: Path) -> None:
     run = run_tiny_training(
-        tiny_text_config(tmp_path, training={"steps": 30, "lr": 3e-3, "warmup_steps": 5},
-                         logging={"every_steps": 1}),
+        tiny_text_config(
+            tmp_path,
+            training={"steps": 30, "lr": 3e-3, "warmup_steps": 5},
+            logging={"every_steps": 1},
+        ),
     )
     losses = run.losses
     assert len(losses) == 30
