@@ -1,0 +1,1 @@
+"""Benchmarks of hyper-train against its baselines (``python -m bench``)."""
