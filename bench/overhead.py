@@ -113,13 +113,13 @@ def run(size: str = "full") -> Result:
                 trainer.train_step(b)
                 hand_step(trainer, b.micro_batches)
 
-            def ours() -> float:
+            def ours(trainer: Any = trainer, batches: list[Any] = batches) -> float:
                 t0 = time.perf_counter()
                 for b in batches:
                     trainer.train_step(b)
                 return (time.perf_counter() - t0) / len(batches)
 
-            def hand() -> float:
+            def hand(trainer: Any = trainer, batches: list[Any] = batches) -> float:
                 t0 = time.perf_counter()
                 for b in batches:
                     hand_step(trainer, b.micro_batches)

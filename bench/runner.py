@@ -118,7 +118,7 @@ def machine_info() -> dict[str, Any]:
             from importlib.metadata import version
 
             info[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001
+        except Exception:
             info[pkg] = None
     try:
         import torch

@@ -1,0 +1,365 @@
+"""Model adapters for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE on transformers' classes.
+
+All four share one module layout (``model.visual`` = patch embed + blocks + merger(s),
+``model.language_model`` = decoder, ``lm_head``) and one data path, so :class:`QwenVLAdapter`
+does the work and the subclasses only name classes, configs and image defaults.
+
+What :meth:`QwenVLAdapter.transform` returns (per sample):
+
+* ``input_ids``/``labels`` ``(L,)``: ChatML, loss on assistant turns, each image expanded to
+  ``<|vision_start|>`` + ``<|image_pad|>`` × (t·h·w / merge²) + ``<|vision_end|>``;
+* ``position_ids`` ``(4, L)``: row 0 the text positions ``0..L-1`` (transformers detects packed
+  sample boundaries from it), rows 1-3 the sample's own mRoPE ``(t, h, w)`` positions;
+* ``token_fields["mm_token_type_ids"]`` ``(L,)``: 1 on image tokens (what the HF processor
+  returns; the model only reads it when it must compute positions itself);
+* ``media``: ``pixel_values`` ``(Σ patches, 3·2·P·P)`` float32, ``image_grid_thw``
+  ``(num_images, 3)`` int64 (absent for text-only samples).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hyper_core.adapters.base import FlopsCount, ModelAssets
+from hyper_core.adapters.hf import HFModelAdapter, count_params, match_modules
+from hyper_core.data.chat import QWEN_CHATML, ChatFormat
+from hyper_core.errors import UserError
+
+from . import configs
+from .processor import ImageDefaults, QwenVLProcessor, build_image_processor
+from .tokens import CONFIG_TOKEN_FIELDS, QWEN2_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
+
+if TYPE_CHECKING:
+    import torch
+
+    from hyper_core.batching.types import MicroBatch, SampleFeatures
+    from hyper_core.config import ModelConfig
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+#: Qwen3-VL's own template has no default system turn (Qwen2/2.5 insert one).
+QWEN3_CHATML = ChatFormat(
+    message_prefix=QWEN_CHATML.message_prefix, message_suffix=QWEN_CHATML.message_suffix
+)
+
+
+class QwenVLAdapter(HFModelAdapter):
+    """Shared implementation of the Qwen-VL adapters; subclasses set the class attributes."""
+
+    #: ``model_type`` of the HF config this adapter serves.
+    model_type: ClassVar[str] = ""
+    default_batching = "packed"
+    sharding_units = ("model.language_model.layers.*", "model.visual.blocks.*")
+    vision_module = "model.visual"
+    projector_module = "model.visual.merger"
+    #: Every projector module (Qwen3-VL adds the deepstack mergers); absent ones are skipped.
+    projector_modules: ClassVar[tuple[str, ...]] = ("model.visual.merger",)
+    language_module = "model.language_model"
+    chat_format: ClassVar[ChatFormat] = QWEN_CHATML
+    chat_template: ClassVar[str] = QWEN2_VL_CHAT_TEMPLATE
+    image_defaults: ClassVar[ImageDefaults] = ImageDefaults(
+        min_pixels=56 * 56, max_pixels=28 * 28 * 1280, image_mean=_CLIP_MEAN, image_std=_CLIP_STD
+    )
+
+    # -- config and model -----------------------------------------------------------------------
+
+    def _config_from_dir(self, path: Path, trust_remote_code: bool) -> Any:
+        config_file = path / "config.json"
+        if config_file.is_file():
+            model_type = json.loads(config_file.read_text()).get("model_type")
+            if model_type is not None and model_type != self.model_type:
+                raise UserError(
+                    f"$.model.path: {path} holds a {model_type!r} model but adapter "
+                    f"{self.name!r} serves {self.model_type!r}; set [model] adapter to match "
+                    "(or leave it out to pick the adapter from config.json)"
+                )
+        return super()._config_from_dir(path, trust_remote_code)
+
+    def freeze_groups(self, model: torch.nn.Module) -> dict[str, list[str]]:
+        """``vision``: the tower without its merger(s); ``projector``: the merger(s);
+        ``language``: the decoder and ``lm_head``. The groups are disjoint."""
+        projector = [p for p in self.projector_modules if _has_submodule(model, p)]
+        visual = model.get_submodule(self.vision_module)
+        vision = [
+            f"{self.vision_module}.{name}"
+            for name, _ in visual.named_children()
+            if f"{self.vision_module}.{name}" not in projector
+        ]
+        language = [self.language_module, "lm_head"]
+        return {"vision": vision, "projector": projector, "language": language}
+
+    # -- FLOPs ----------------------------------------------------------------------------------
+
+    def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
+        """Text: 6 × active decoder params (experts at top-k/E, lm_head always) × tokens plus
+        causal attention. Vision: 6 × (patch embed + blocks) × patches, 6 × mergers ×
+        patches/merge², plus full (or, in Qwen2.5-VL's windowed blocks, window) attention."""
+        lm = model.get_submodule(self.language_module)
+        text_cfg = model.config.text_config
+        head = model.get_output_embeddings()
+        # lm_head counts even when tied to the (excluded) input embeddings: it is a matmul.
+        params = count_params(lm) + head.weight.numel() - _inactive_expert_params(lm, text_cfg)
+        text = 6.0 * params * micro_batch.num_tokens + self._attention_flops(model, micro_batch)
+        grid = micro_batch.model_inputs.get("image_grid_thw")
+        vision = 0.0
+        if grid is not None and len(grid):
+            vision = self._vision_flops(model, [int(n) for n in grid.prod(dim=-1)])
+        return FlopsCount(text=text, vision=vision)
+
+    def _vision_flops(self, model: torch.nn.Module, patches: list[int]) -> float:
+        visual = model.get_submodule(self.vision_module)
+        vc = model.config.vision_config
+        merge2 = vc.spatial_merge_size**2
+        per_patch = count_params(visual.patch_embed) + count_params(visual.blocks)
+        per_token = sum(
+            count_params(model.get_submodule(p))
+            for p in self.projector_modules
+            if _has_submodule(model, p)
+        )
+        total = sum(patches)
+        dense = 6.0 * (per_patch * total + per_token * total / merge2)
+        hidden = getattr(vc, "embed_dim", None) or vc.hidden_size
+        attention = 0.0
+        for layer in range(vc.depth):
+            span = self._vision_attention_span(vc, layer)
+            # QK^T and AV (2 · 2 · s · span · H), non-causal, forward + backward (× 3)
+            attention += 12.0 * hidden * sum(p * min(p, span or p) for p in patches)
+        return dense + attention
+
+    def _vision_attention_span(self, vision_config: Any, layer: int) -> int | None:
+        """Patches each patch attends to in vision block ``layer`` (None: the whole image)."""
+        return None
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def build_assets(self, model_config: ModelConfig) -> ModelAssets:
+        """Tokenizer from ``path`` when it has tokenizer files, else the offline demo tokenizer;
+        the PIL image processor for the model's vision config and ``min/max_pixels``."""
+        from hyper_core.builtin.hf_causal_lm import has_tokenizer_files
+
+        from .tokens import build_demo_tokenizer
+
+        cfg = self.hf_config(model_config)
+        vc = cfg.vision_config
+        image_kwargs: dict[str, Any] = {
+            "patch_size": vc.patch_size,
+            "merge_size": vc.spatial_merge_size,
+            "temporal_patch_size": vc.temporal_patch_size,
+            "defaults": self.image_defaults,
+            "min_pixels": model_config.min_pixels,
+            "max_pixels": model_config.max_pixels,
+        }
+        try:
+            if has_tokenizer_files(model_config.path):
+                processor = QwenVLProcessor.from_pretrained(
+                    model_config.path,
+                    trust_remote_code=model_config.trust_remote_code,
+                    chat_template=self.chat_template,
+                    **image_kwargs,
+                )
+            else:
+                processor = QwenVLProcessor(
+                    build_image_processor(path=model_config.path, **image_kwargs),
+                    build_demo_tokenizer(self.chat_template),
+                )
+        except ValueError as exc:
+            raise UserError(f"$.model.path: {exc}") from None
+        _check_tokenizer(cfg, processor.tokenizer, model_config.path)
+        tok = processor.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return ModelAssets(
+            tokenizer=tok,
+            processor=processor,
+            pad_token_id=int(pad or 0),
+            extra={"image_token_id": processor.image_token_id, "merge_size": processor.merge_size},
+        )
+
+    def transform(
+        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
+    ) -> SampleFeatures:
+        """Raw sample → :class:`SampleFeatures` (see the module docstring); ``SampleError``
+        ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
+        import torch
+
+        from hyper_core.batching.types import SampleFeatures
+        from hyper_core.data.chat import tokenize_conversation
+        from hyper_core.data.conversation import load_images, parse_conversation
+        from hyper_core.data.errors import SampleError
+
+        from .rope import text_and_mrope_position_ids
+
+        processor: QwenVLProcessor = assets.processor
+        conv = parse_conversation(sample)
+        images = load_images(conv)
+        media: dict[str, torch.Tensor] = {}
+        counts: list[int] = []
+        if images:
+            try:
+                media = processor.process_images(images)
+            except ValueError as exc:  # e.g. an aspect ratio above 200
+                raise SampleError("bad_image", str(exc)) from None
+            counts = processor.num_image_tokens(media["image_grid_thw"])
+
+        def image_tokens(index: int, _part: Any) -> list[int]:
+            return processor.image_token_ids(counts[index])
+
+        tok = tokenize_conversation(
+            conv,
+            processor.tokenizer,
+            self.chat_format,
+            image_tokens=image_tokens,
+            max_seq_len=max_seq_len,
+        )
+        input_ids = torch.tensor(tok.input_ids, dtype=torch.long)
+        is_image = input_ids == processor.image_token_id
+        if int(is_image.sum()) != sum(counts):
+            # e.g. the text itself contains "<|image_pad|>"
+            raise SampleError(
+                "image_token_mismatch",
+                f"{int(is_image.sum())} image tokens in the text but {sum(counts)} image "
+                f"features ({len(counts)} images)",
+            )
+        try:
+            positions = text_and_mrope_position_ids(
+                input_ids,
+                media.get("image_grid_thw"),
+                image_token_id=processor.image_token_id,
+                spatial_merge_size=processor.merge_size,
+            )
+        except ValueError as exc:
+            raise SampleError("image_token_mismatch", str(exc)) from None
+        return SampleFeatures(
+            input_ids=input_ids,
+            labels=torch.tensor(tok.labels, dtype=torch.long),
+            position_ids=positions,
+            token_fields={"mm_token_type_ids": is_image.long()},
+            media=media,
+            num_images=len(images),
+            meta=dict(sample.get("meta") or {}),
+        )
+
+    # -- vision encoder (encoder parallelism) ---------------------------------------------------
+
+    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One ``{"pixel_values": (patches_i, D), "image_grid_thw": (1, 3)}`` per image."""
+        pixel_values = model_inputs.get("pixel_values")
+        grid = model_inputs.get("image_grid_thw")
+        if pixel_values is None or grid is None or not len(grid):
+            return []
+        sizes = [int(n) for n in grid.prod(dim=-1)]
+        chunks = pixel_values.split(sizes, dim=0)
+        return [
+            {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}
+            for i, chunk in enumerate(chunks)
+        ]
+
+    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+        """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``.
+
+        ``.pooler_output`` is a tuple of per-image merged features ``(tokens_i, text_hidden)``
+        (Qwen3-VL adds ``.deepstack_features``); the model's forward accepts the result as
+        ``mm_encoder_outputs={"image": out}`` in place of ``pixel_values``.
+        """
+        return model.get_image_features(
+            vision_inputs["pixel_values"], vision_inputs["image_grid_thw"], return_dict=True
+        )
+
+
+def _has_submodule(model: torch.nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _inactive_expert_params(language_model: torch.nn.Module, text_config: Any) -> int:
+    """Expert parameters a token does not use: all experts' × (1 - top_k / num_experts)."""
+    num_experts = getattr(text_config, "num_experts", 0) or 0
+    top_k = getattr(text_config, "num_experts_per_tok", 0) or 0
+    if not num_experts or not top_k:
+        return 0
+    experts = match_modules(language_model, ("layers.*.mlp.experts",))
+    total = sum(count_params(language_model.get_submodule(n)) for n in experts)
+    return int(total * (1 - top_k / num_experts))
+
+
+def _check_tokenizer(cfg: Any, tokenizer: Any, path: str | None) -> None:
+    """The special-token ids of the config must be the tokenizer's, and its ids fit the vocab."""
+    vocab = tokenizer.get_vocab()
+    where = f"the tokenizer of {path}" if path else "the offline demo tokenizer"
+    for field, token in CONFIG_TOKEN_FIELDS.items():
+        cfg_id = getattr(cfg, field, None)
+        tok_id = vocab.get(token)
+        if cfg_id is not None and tok_id is not None and int(cfg_id) != int(tok_id):
+            hint = "" if path else " (the model directory has no tokenizer files; add them)"
+            raise UserError(
+                f"$.model: config {field} = {cfg_id} but {where} maps {token} to {tok_id}{hint}"
+            )
+    vocab_size = cfg.text_config.vocab_size
+    if max(vocab.values()) >= vocab_size:
+        raise UserError(
+            f"$.model: {where} has ids up to {max(vocab.values())} but the model's vocab_size "
+            f"is {vocab_size}"
+        )
+
+
+class Qwen2VLAdapter(QwenVLAdapter):
+    """Qwen2-VL (``Qwen2VLForConditionalGeneration``)."""
+
+    name = "qwen2_vl"
+    model_type = "qwen2_vl"
+    config_class = "transformers:Qwen2VLConfig"
+    model_class = "transformers:Qwen2VLForConditionalGeneration"
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN2_VL
+
+
+class Qwen25VLAdapter(QwenVLAdapter):
+    """Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``): windowed vision attention."""
+
+    name = "qwen2_5_vl"
+    model_type = "qwen2_5_vl"
+    config_class = "transformers:Qwen2_5_VLConfig"
+    model_class = "transformers:Qwen2_5_VLForConditionalGeneration"
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN2_5_VL
+
+    def _vision_attention_span(self, vision_config: Any, layer: int) -> int | None:
+        if layer in vision_config.fullatt_block_indexes:
+            return None
+        side = vision_config.window_size // vision_config.patch_size
+        return side * side
+
+
+class Qwen3VLAdapter(QwenVLAdapter):
+    """Qwen3-VL (``Qwen3VLForConditionalGeneration``): patch 16, deepstack mergers."""
+
+    name = "qwen3_vl"
+    model_type = "qwen3_vl"
+    config_class = "transformers:Qwen3VLConfig"
+    model_class = "transformers:Qwen3VLForConditionalGeneration"
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN3_VL
+    projector_modules = ("model.visual.merger", "model.visual.deepstack_merger_list")
+    chat_format = QWEN3_CHATML
+    chat_template = QWEN3_VL_CHAT_TEMPLATE
+    # Offline defaults scaled to patch 16 (the released preprocessor_config.json files, used
+    # when the model directory has one, ask for 256×256 at least).
+    image_defaults = ImageDefaults(
+        min_pixels=64 * 64,
+        max_pixels=32 * 32 * 1280,
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+    )
+
+
+class Qwen3VLMoeAdapter(Qwen3VLAdapter):
+    """Qwen3-VL-MoE (``Qwen3VLMoeForConditionalGeneration``): sparse-expert decoder."""
+
+    name = "qwen3_vl_moe"
+    model_type = "qwen3_vl_moe"
+    config_class = "transformers:Qwen3VLMoeConfig"
+    model_class = "transformers:Qwen3VLMoeForConditionalGeneration"
+    named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN3_VL_MOE
