@@ -7,4 +7,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HYPER_TRAIN_CACHE", os.path.join(os.path.dirname(__file__), "..", "runs", ".cache"))
+os.environ.setdefault(
+    "HYPER_TRAIN_CACHE", os.path.join(os.path.dirname(__file__), "..", "runs", ".cache")
+)
