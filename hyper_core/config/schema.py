@@ -281,7 +281,12 @@ class DataConfig(_Section):
         metadata=meta("What a bad sample does: skip it (counted and logged) or stop the run."),
     )
     num_workers: int = attrs.field(
-        default=0, validator=at_least(0), metadata=meta("DataLoader worker processes.")
+        default=1,
+        validator=at_least(0),
+        metadata=meta(
+            "DataLoader worker processes preparing batches ahead of the step (0: in the "
+            "training process, no overlap)."
+        ),
     )
     shuffle: bool = attrs.field(
         default=True, metadata=meta("Shuffle the training data each epoch.")

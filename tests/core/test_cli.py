@@ -69,7 +69,10 @@ def test_config_show_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[s
     shown = capsys.readouterr().out
     out = tmp_path / "shown.toml"
     out.write_text(shown)
-    again = load_config_dict(read_toml(out))
+    from hyper_core.plugins import get_plugin_host
+
+    sections = get_plugin_host().registries.config_sections
+    again = load_config_dict(read_toml(out), sections=sections)
     assert again.training.lr == 0.002
     assert again.training.warmup_steps == 20 and again.checkpoint.keep_last == 3
 
