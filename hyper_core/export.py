@@ -42,20 +42,60 @@ def save_hf_checkpoint(
     return out
 
 
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on rank 0's CPU (collective; other ranks get ``{}``).
+
+    Works for plain, DDP and FSDP2 models: sharded parameters are gathered one at a time and
+    offloaded, so no rank holds a full copy on the device.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def export_trained_model(trainer: Any, out_dir: Path) -> Path | None:
+    """``[checkpoint] export_hf``: gather the trained weights and write ``out_dir`` (rank 0)."""
+    import logging
+    import time
+
+    t0 = time.perf_counter()
+    state = full_state_dict(trainer.model)
+    written = None
+    if trainer.dist.is_main:
+        model = trainer.unwrapped_model
+        trainer.adapter.export_hf(state, model.config, out_dir, assets=trainer.assets)
+        written = out_dir
+        logging.getLogger("hyper_train").info(
+            "exported the model to %s in %.2f s", out_dir, time.perf_counter() - t0
+        )
+    trainer.dist.barrier()
+    return written
+
+
 def export_checkpoint(config: Any, host: Any, checkpoint: Path, out_dir: Path) -> Path:
-    """Load a DCP checkpoint's model (any number of saving ranks) and write it as HF."""
+    """Load a DCP checkpoint's model (saved on any number of ranks) and write it as HF.
+
+    One process: the model is built on meta, allocated on the CPU and filled from the
+    checkpoint (DCP reshards), so weights at ``[model] path`` are not read.
+    """
+    import warnings
+
     import torch.distributed.checkpoint as dcp
 
     from .builtin.resolve import resolve_adapter
-    from .checkpoint import COMPLETE
-    from .errors import UserError
+    from .checkpoint import resolve_checkpoint
+    from .parallel.materialize import materialize
 
-    if not (checkpoint / COMPLETE).is_file():
-        raise UserError(f"{checkpoint}: not a complete checkpoint")
+    checkpoint = resolve_checkpoint(checkpoint)
     adapter = resolve_adapter(config.model, host.registries)
-    model = adapter.build_model(config.model, device="cpu")
+    model = adapter.build_model(config.model, device="meta")
+    materialize(model, "cpu")
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["model"])
     assets = adapter.build_assets(config.model)
     adapter.export_hf(model.state_dict(), model.config, out_dir, assets=assets)

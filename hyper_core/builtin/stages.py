@@ -27,8 +27,12 @@ def setup_distributed(config: Any) -> Any:
 
 @default
 def build_model(config: Any, adapter: Any, dist: Any) -> Any:
-    """The adapter's model on this rank's device, with ``[model] freeze`` applied."""
-    model = adapter.build_model(config.model, device=dist.device)
+    """The adapter's model with ``[model] freeze`` applied: on this rank's device, or with
+    ``dist.meta_init`` in full on rank 0's CPU and on meta elsewhere (the strategy
+    materialises it; see :mod:`hyper_core.parallel.materialize`)."""
+    from ..parallel.materialize import build_model_on_rank
+
+    model = build_model_on_rank(adapter, config.model, dist)
     freeze(model, adapter, config.model.freeze)
     return model
 

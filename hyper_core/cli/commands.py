@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -101,31 +102,155 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
 # -- run ------------------------------------------------------------------------------------
 
 
-def _launch_torchrun(args: argparse.Namespace) -> int:
-    """Re-run this command under ``torch.distributed.run`` with N processes per node."""
+#: Set by the launcher for its ranks: where each rank writes how it ended (rank-R.json).
+STATUS_DIR_ENV = "HYPER_TRAIN_STATUS_DIR"
+
+
+def _torchrun_command(args: argparse.Namespace) -> list[str]:
+    """The ``torch.distributed.run`` command line that re-runs this ``run`` on every rank."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}"]
-    if args.nnodes:
-        cmd.append(f"--nnodes={args.nnodes}")
-    if args.node_rank is not None:
-        cmd.append(f"--node-rank={args.node_rank}")
     if args.rdzv_endpoint:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+        if args.nnodes:
+            cmd.append(f"--nnodes={args.nnodes}")
+        if args.rdzv_id:
+            cmd.append(f"--rdzv-id={args.rdzv_id}")
+    elif args.nnodes in (None, "1", "1:1"):
+        cmd.append("--standalone")
     else:
-        cmd.append("--standalone") if not args.nnodes else None
-    if args.rdzv_id:
-        cmd.append(f"--rdzv-id={args.rdzv_id}")
+        raise UserError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)"
+        )
+    if args.node_rank is not None:
+        cmd.append(f"--node-rank={args.node_rank}")
     cmd += ["-m", "hyper_core", "run", args.config, *args.overrides]
     for module in args.plugin:
         cmd += ["--plugin", module]
-    if args.debug:
-        cmd.append("--debug")
-    if args.strict_plugins:
-        cmd.append("--strict-plugins")
-    if args.trace_hooks:
-        cmd.append("--trace-hooks")
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.run(cmd, env=env, check=False)
-    return 0 if proc.returncode == 0 else (proc.returncode if proc.returncode == 2 else 1)
+    for flag in ("debug", "strict_plugins", "trace_hooks"):
+        if getattr(args, flag):
+            cmd.append("--" + flag.replace("_", "-"))
+    return cmd
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    if children:
+        return children
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _read_statuses(status_dir: Path) -> dict[int, dict[str, Any]]:
+    statuses = {}
+    for f in status_dir.glob("rank-*.json"):
+        try:
+            record = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        statuses[int(record["rank"])] = record
+    return statuses
+
+
+def _launcher_exit_code(rc: int, statuses: dict[int, dict[str, Any]], nproc: int) -> int:
+    """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
+    exits non-zero), 2 when the ranks failed on a user error, else 1; names failed ranks."""
+    failed = sorted(
+        (r for r in statuses.values() if r["status"] == "failed"), key=lambda r: r["time"]
+    )
+    for i, record in enumerate(failed):
+        first = " (first)" if i == 0 and len(failed) > 1 else ""
+        print(
+            f"hyper-train: rank {record['rank']}{first} failed: {record['error']}",
+            file=sys.stderr,
+        )
+    if failed:
+        return 2 if all(r.get("user_error") for r in failed) else 1
+    local = {int(r.get("local_rank", -1)) for r in statuses.values()}
+    missing = [str(i) for i in range(nproc) if i not in local]
+    if rc == 0:
+        return 0
+    if not missing:
+        return 0  # every rank finished or stopped cleanly
+    print(
+        f"hyper-train: local rank(s) {', '.join(missing)} exited without finishing "
+        f"(killed by a signal or out of memory?); torchrun exit code {rc}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """Re-run this command under ``torch.distributed.run`` with N processes per node.
+
+    SIGTERM to this launcher goes straight to the ranks (they save a checkpoint and exit 0);
+    SIGINT is left to the terminal, which delivers it to every process of the group. The exit
+    code is 0 when all ranks ended cleanly, else non-zero with the failed ranks named.
+    """
+    import signal
+    import tempfile
+
+    cmd = _torchrun_command(args)
+    with tempfile.TemporaryDirectory(prefix="hyper-train-status-") as status_dir:
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env[STATUS_DIR_ENV] = status_dir
+        proc = subprocess.Popen(cmd, env=env)
+
+        def forward(signum: int, frame: Any) -> None:
+            if signum == signal.SIGTERM:
+                for pid in _child_pids(proc.pid) or [proc.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+
+        old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            rc = proc.wait()
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        statuses = _read_statuses(Path(status_dir))
+    return _launcher_exit_code(rc, statuses, args.nproc_per_node)
+
+
+def _write_status(status: str, exc: BaseException | None = None) -> None:
+    """Under the launcher: record how this rank ended (``ok``, ``stopped``, ``failed``)."""
+    import time
+
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if not status_dir or "RANK" not in os.environ:
+        return
+    record = {
+        "rank": int(os.environ["RANK"]),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "status": status,
+        "error": f"{type(exc).__name__}: {exc}" if exc is not None else None,
+        "user_error": isinstance(exc, UserError),
+        "time": time.time(),
+    }
+    with contextlib.suppress(OSError):
+        path = Path(status_dir) / f"rank-{record['rank']}.json"
+        path.write_text(json.dumps(record))
+
+
+def _quiet_other_ranks(debug: bool) -> None:
+    """Ranks other than 0 don't repeat rank 0's warnings (``--debug`` shows them all)."""
+    if debug or int(os.environ.get("RANK", "0")) == 0:
+        return
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _trace_hooks(host: Any) -> None:
@@ -147,11 +272,34 @@ def _trace_hooks(host: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``hyper-train run CONFIG``."""
+    """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun:
         load_run_config(args)  # fail fast, once, on a bad config
         return _launch_torchrun(args)
+    if not under_torchrun:
+        return _run_here(args)
+    _quiet_other_ranks(args.debug)
+    try:
+        stopped = _run_here(args) == EXIT_STOPPED
+    except BaseException as exc:
+        _write_status("failed", exc)
+        import logging
+
+        world = os.environ.get("WORLD_SIZE", "?")
+        logging.getLogger("hyper_train").error(
+            "rank %s/%s failed: %s: %s", os.environ.get("RANK"), world, type(exc).__name__, exc
+        )
+        raise
+    _write_status("stopped" if stopped else "ok")
+    return 0
+
+
+#: Internal: ``_run_here`` stopped early on a signal (the process still exits 0).
+EXIT_STOPPED = -1
+
+
+def _run_here(args: argparse.Namespace) -> int:
     config, host = load_run_config(args)
     from ..builtin.resolve import named, resolve_adapter, resolve_strategy
 
@@ -169,8 +317,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _trace_hooks(host)
     from ..trainer.run import run_training
 
-    run_training(config, host)
-    return 0
+    trainer = run_training(config, host)
+    return EXIT_STOPPED if trainer.state.stop_requested else 0
 
 
 # -- plugins --------------------------------------------------------------------------------
@@ -222,10 +370,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``hyper-train export CHECKPOINT --out DIR``."""
+    from ..checkpoint import resolve_checkpoint
     from ..config import load_config
     from ..export import export_checkpoint
 
-    ckpt = Path(args.checkpoint)
+    ckpt = resolve_checkpoint(args.checkpoint)
     config_path = Path(args.config) if args.config else ckpt.parent.parent / "config.toml"
     if not config_path.is_file():
         raise UserError(f"{config_path}: no config found for {ckpt} (pass --config)")

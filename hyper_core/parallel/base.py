@@ -15,12 +15,21 @@ class ParallelStrategy:
     """Applies a parallelism to a model. Registered with ``register_parallel_strategies``.
 
     Constructed as ``Strategy(parallel_config, training_config)``; :meth:`apply` returns the
-    model to train. Strategies that shard parameters set :attr:`shards_parameters` so the
-    trainer clips gradients with a global norm over shards.
+    model to train. Strategies that shard parameters set :attr:`shards_parameters` (their
+    gradients are DTensors; the trainer's clipping reduces the norm over shards).
+
+    With :attr:`meta_init` and more than one rank, ``build_model`` gives rank 0 the full model
+    on the CPU and the other ranks a meta-device model; :meth:`apply` must then materialise it
+    on every rank from rank 0 (see :mod:`hyper_core.parallel.materialize`).
+
+    Gradient scale: the trainer's loss is this rank's token-loss sum over the *global* number
+    of loss tokens, and it multiplies it by ``dp_size`` before ``backward``, so a strategy must
+    *average* gradients over the data-parallel ranks (what DDP and FSDP2 do by default).
     """
 
     name: ClassVar[str] = ""
     shards_parameters: ClassVar[bool] = False
+    meta_init: ClassVar[bool] = False
 
     def __init__(self, parallel_config: Any, training_config: Any) -> None:
         self.parallel = parallel_config

@@ -24,6 +24,9 @@ class DistEnv:
     mesh: Any = None
     dp_replicate: int = 1
     dp_shard: int = 1
+    #: Set by the trainer when the strategy materialises the model from rank 0: rank 0 builds
+    #: it in full on the CPU, the other ranks on the meta device (see ``parallel.materialize``).
+    meta_init: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -49,6 +52,17 @@ class DistEnv:
 
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
+
+    def any_true(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a collective when distributed)."""
+        if self.world_size == 1:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
     def barrier(self) -> None:
         """Wait for every rank."""

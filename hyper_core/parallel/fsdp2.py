@@ -1,11 +1,18 @@
 """The ``fsdp2`` strategy: ``fully_shard`` per sharding unit on the data-parallel mesh.
 
-With ``[parallel] dp_replicate > 1`` the mesh is 2-D and FSDP2 shards within a replica group and
-replicates across them (HSDP).
+With ``[parallel] dp_replicate > 1`` the mesh is 2-D (``dp_replicate × dp_shard``) and FSDP2
+shards within a replica group and all-reduces across groups (HSDP). The model arrives on meta
+(rank 0 keeps the full weights aside), is sharded, allocated shard-wise on the device and
+filled from rank 0 (:mod:`hyper_core.parallel.materialize`).
+
+Gradients: FSDP2 divides the reduce-scattered (and, under HSDP, all-reduced) gradients by the
+data-parallel world size, i.e. it averages, which the trainer's ``× dp_size`` loss scale turns
+into the sum the global-token normalisation needs.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ..adapters.hf import match_modules, torch_dtype
@@ -17,32 +24,48 @@ if TYPE_CHECKING:
     from ..adapters.base import ParallelPlan
     from .env import DistEnv
 
+log = logging.getLogger("hyper_train")
+
 
 class FSDP2(ParallelStrategy):
     """Fully sharded data parallelism (``torch.distributed.fsdp.fully_shard``)."""
 
     name = "fsdp2"
     shards_parameters = True
+    meta_init = True
 
-    def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    def mixed_precision(self) -> object:
+        """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        mesh = dist.mesh
-        if mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh = init_device_mesh(dist.device.type, (1,), mesh_dim_names=("dp_shard",))
-        if mesh.ndim == 2 and mesh.mesh_dim_names == ("dp_replicate", "dp_shard"):
-            fsdp_mesh = mesh
-        else:
-            fsdp_mesh = mesh
-        mp = MixedPrecisionPolicy(
+        return MixedPrecisionPolicy(
             param_dtype=torch_dtype(self.parallel.param_dtype),
             reduce_dtype=torch_dtype(self.parallel.reduce_dtype),
         )
-        for name in match_modules(model, plan.sharding_units):
-            fully_shard(model.get_submodule(name), mesh=fsdp_mesh, mp_policy=mp)
-        fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+
+    def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
+        if dist.world_size == 1:
+            return model  # nothing to shard over; same weights and math as `none`
+        from torch.distributed.fsdp import fully_shard
+
+        from .materialize import load_from_rank0, materialize, take_rank0_source
+
+        if dist.mesh is None:
+            raise RuntimeError("fsdp2 needs the device mesh of setup_distributed")
+        source = take_rank0_source(model, dist)
+        mp = self.mixed_precision()
+        units = match_modules(model, plan.sharding_units)
+        if not units and dist.is_main:
+            log.warning(
+                "fsdp2: no module matches the sharding units %s; the model is one FSDP unit",
+                ", ".join(plan.sharding_units) or "(none)",
+            )
+        # Innermost first: a unit nested in another must be sharded before its parent.
+        for name in reversed(units):
+            fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
+        fully_shard(model, mesh=dist.mesh, mp_policy=mp)
+        materialize(model, dist.device)
+        load_from_rank0(model, source, dist)
         return model
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:

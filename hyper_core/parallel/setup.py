@@ -44,8 +44,9 @@ def init_distributed(config: Any) -> DistEnv:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # NCCL jobs also get a gloo backend for CPU tensors (DCP's async save needs one).
         dist.init_process_group(
-            backend=backend,
+            backend="cuda:nccl,cpu:gloo" if backend == "nccl" else backend,
             timeout=datetime.timedelta(seconds=par.timeout_s),
             device_id=device if device.type == "cuda" else None,
         )

@@ -10,9 +10,10 @@ checkpoint.
 from __future__ import annotations
 
 import logging
-import math
 import signal
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
@@ -59,6 +60,7 @@ class Trainer:
         self.callbacks: list[Any] = []
         self._last_micro_batch: Any = None
         self._stop_signals = 0
+        self._first_stop_at = 0.0
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -78,6 +80,9 @@ class Trainer:
         self.dist = self._stage("setup_distributed", config=cfg)
         self.adapter = resolve_adapter(cfg.model, self.registries)
         self.strategy = resolve_strategy(cfg, self.registries)
+        # Rank 0 builds the model in full, the others on meta, when the strategy broadcasts it.
+        meta_init = bool(getattr(self.strategy, "meta_init", False))
+        self.dist.meta_init = meta_init and self.dist.world_size > 1
         self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
         self.model = self._stage(
             "parallelize_model",
@@ -176,7 +181,8 @@ class Trainer:
         data: Iterator[Any] = iter(loader)
         epoch_started: int | None = None
         timer = StepTimer()
-        while self.state.global_step < self.train_iters and not self.state.stop_requested:
+        stop = False
+        while self.state.global_step < self.train_iters and not stop:
             timer.start_wait()
             step_batch = next(data)
             timer.end_wait()
@@ -200,8 +206,9 @@ class Trainer:
                 loss_dict=loss_dict,
                 grad_norm=grad_norm,
             )
+            stop = self._agree_stop()
             step = self.state.global_step
-            last = step >= self.train_iters or self.state.stop_requested
+            last = step >= self.train_iters or stop
             if step % cfg.logging.every_steps == 0 or last:
                 self._log(loss, loss_dict, grad_norm, timer)
             if (
@@ -213,11 +220,23 @@ class Trainer:
             self.checkpointer.maybe_save(self, final=last)
         if epoch_started is not None and loader_epoch_done(loader):
             self.host.fire("on_epoch_end", trainer=self, state=self.state, epoch=epoch_started)
-        if self.dataloaders.eval is not None:
+        if self.dataloaders.eval is not None and not stop:
             self.evaluate()
         self.checkpointer.wait()
+        if cfg.checkpoint.export_hf and self.state.global_step >= self.train_iters:
+            from ..export import export_trained_model
+
+            export_trained_model(self, Path(cfg.run.output_dir) / "hf")
         self.host.fire("on_train_end", trainer=self, state=self.state)
         return self.state
+
+    def _agree_stop(self) -> bool:
+        """Whether to stop after this step: any rank's ``state.stop_requested`` (SIGTERM or a
+        plugin), agreed by all ranks at the same step so that collectives stay matched."""
+        stop = self.dist.any_true(self.state.stop_requested)
+        if stop:  # never reset: a signal may land between the collective and here
+            self.state.stop_requested = True
+        return stop
 
     def train_step(
         self, step_batch: Any
@@ -304,17 +323,23 @@ class Trainer:
         return float(loss_total.item()), loss_dict, grad_norm, stats
 
     def _clip_gradients(self) -> float | None:
+        """Global L2 norm of the gradients, clipped to ``max_grad_norm``.
+
+        Sharded (DTensor) gradients give a partial norm per rank; ``full_tensor`` reduces it
+        over the mesh before the clip coefficient is applied, so every rank scales by the norm
+        of the whole model (DDP gradients are already all-reduced replicas).
+        """
         import torch
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.training.max_grad_norm
         if not params:
             return None
-        norm = torch.nn.utils.clip_grad_norm_(
-            params, max_norm if max_norm is not None else math.inf, foreach=True
-        )
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if max_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return float(norm.item())
 
     def _flops(self, micro_batches: list[Any]) -> float:
@@ -365,8 +390,13 @@ class Trainer:
 
     def _install_signal_handlers(self) -> None:
         def request_stop(signum: int, frame: Any) -> None:
+            # A second SIGINT aborts; one within a second of the first is the same Ctrl-C
+            # delivered twice (terminal and torchrun both forward it to the ranks).
+            now = time.monotonic()
+            if self._stop_signals == 0:
+                self._first_stop_at = now
             self._stop_signals += 1
-            if self._stop_signals > 1 and signum == signal.SIGINT:
+            if signum == signal.SIGINT and now - self._first_stop_at > 1.0:
                 raise KeyboardInterrupt
             self.state.stop_requested = True
             if self.dist.is_main:
@@ -386,6 +416,7 @@ class Trainer:
             signal.signal(sig, handler)
         if self.metrics_writer is not None:
             self.metrics_writer.close()
+            self.metrics_writer = None
         for callback in self.callbacks:
             if self.host.pm.is_registered(callback):
                 self.host.pm.unregister(callback)
