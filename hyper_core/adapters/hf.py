@@ -48,6 +48,21 @@ def apply_overrides(hf_config: Any, overrides: Mapping[str, Any]) -> None:
             setattr(target, leaf, value)
 
 
+def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in (nested tables and dotted keys reach sub-configs)."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            value, key = {rest: value}, head
+        current = out.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            out[key] = merge_overrides(current, value)
+        else:
+            out[key] = value
+    return out
+
+
 def match_modules(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
     """Names of the submodules whose dotted path matches one of ``patterns`` (``*`` = a part)."""
     names = []
@@ -115,13 +130,18 @@ class HFModelAdapter(ModelAdapter):
                         )
                     ]
                 )
-            cfg = self._named_config(name)
-        apply_overrides(cfg, model_config.hf_overrides)
+            # Overrides go into the constructor so derived fields (e.g. per-layer
+            # ``layer_types``) follow them.
+            kwargs = merge_overrides(self.named_configs[name], model_config.hf_overrides)
+            cfg = self._named_config(kwargs)
+        if model_config.path is not None:
+            apply_overrides(cfg, model_config.hf_overrides)
         cfg._attn_implementation = model_config.attn_implementation
         return cfg
 
-    def _named_config(self, name: str) -> Any:
-        return import_ref(self.config_class)(**dict(self.named_configs[name]))
+    def _named_config(self, kwargs: Mapping[str, Any]) -> Any:
+        """Instantiate a named config from its (overridden) kwargs."""
+        return import_ref(self.config_class)(**dict(kwargs))
 
     def _config_from_dir(self, path: Path, trust_remote_code: bool) -> Any:
         config_file = path / "config.json"

@@ -60,10 +60,10 @@ class HFCausalLMAdapter(HFModelAdapter):
             str(path), local_files_only=True, trust_remote_code=trust_remote_code
         )
 
-    def _named_config(self, name: str) -> Any:
+    def _named_config(self, kwargs: Mapping[str, Any]) -> Any:
         from transformers import AutoConfig
 
-        kwargs = dict(self.named_configs[name])
+        kwargs = dict(kwargs)
         return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
 
     def model_cls(self, hf_config: Any, trust_remote_code: bool) -> Any:
