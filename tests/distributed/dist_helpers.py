@@ -1,0 +1,186 @@
+"""Helpers of the distributed tests: tiny configs, torchrun/CLI subprocesses, metrics."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyper_core.testing import tiny_text_config
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def vl_available() -> bool:
+    """Whether the Qwen-VL adapter distribution is importable."""
+    return importlib.util.find_spec("hyper_qwen_vl") is not None
+
+
+#: Model families the equivalence tests run on; the VL one only when its adapter is installed.
+MODELS = [
+    "text",
+    pytest.param(
+        "vl",
+        marks=pytest.mark.skipif(not vl_available(), reason="hyper-train-qwen-vl not installed"),
+    ),
+]
+
+
+def _merge(cfg: dict[str, Any], sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    return cfg
+
+
+def text_config(out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """Tiny ``hf_causal_lm``/``tiny-qwen2`` run: 10 steps of 8 samples, 2 per micro-batch,
+    clipping at 1.0 (active: the norms are ~3), logging every step."""
+    cfg = tiny_text_config(
+        out,
+        training={"steps": 10, "global_batch_size": 8, "micro_batch_size": 2},
+    )
+    return _merge(cfg, sections)
+
+
+def vl_config(out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """Tiny ``qwen2_5_vl``/``tiny`` run on 64 synthetic ``shapes`` samples."""
+    cfg: dict[str, Any] = {
+        "run": {"output_dir": str(out), "seed": 0},
+        "model": {"adapter": "qwen2_5_vl", "config": "tiny"},
+        "data": {"train": {"format": "shapes", "num_samples": 64}, "max_seq_len": 512},
+        "training": {
+            "steps": 10,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "warmup_steps": 0,
+        },
+        "logging": {"every_steps": 1, "progress": "none"},
+        "checkpoint": {"resume": "none"},
+    }
+    return _merge(cfg, sections)
+
+
+def model_config(model: str, out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """``text_config`` or ``vl_config``."""
+    return (text_config if model == "text" else vl_config)(out, **sections)
+
+
+def write_toml(raw: Mapping[str, Any], path: Path) -> Path:
+    """Validate ``raw`` and write it as a TOML config file."""
+    from hyper_core.config import dump_config, load_config_dict
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_config(load_config_dict(dict(raw))))
+    return path
+
+
+def load_toml(path: Path, overrides: Sequence[str] = ()) -> Any:
+    """A Config from a TOML file and dotted overrides."""
+    from hyper_core.config import load_config
+
+    return load_config(path, list(overrides), {})
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """A clean environment for rank processes: one thread each, this folder importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_", "WORLD_"))}
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def hyper_train(
+    args: Sequence[str], *, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hyper_core ARGS`` in a subprocess; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "hyper_core", *args],
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def torchrun(
+    script: Path, args: Sequence[str], nproc: int = 2, *, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", str(script), *args]
+    return subprocess.run(
+        cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def losses(out: Path) -> dict[int, float]:
+    """``step -> loss`` from ``metrics.jsonl`` (a resumed run's records override older ones)."""
+    found: dict[int, float] = {}
+    path = out / "metrics.jsonl"
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            found[int(record["step"])] = float(record["loss"])
+    return found
+
+
+def grad_norms(out: Path) -> dict[int, float]:
+    """``step -> grad_norm`` from ``metrics.jsonl``."""
+    found: dict[int, float] = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "grad_norm" in record:
+            found[int(record["step"])] = float(record["grad_norm"])
+    return found
+
+
+def assert_close(a: Mapping[int, float], b: Mapping[int, float], tol: float) -> None:
+    """Same steps, values within ``tol`` (absolute)."""
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    worst = max(abs(a[k] - b[k]) for k in a)
+    assert worst <= tol, f"max |diff| {worst:.3g} > {tol:g}: {dict(a)} vs {dict(b)}"
+
+
+def train_here(raw: Mapping[str, Any] | Any, plugins: Sequence[Any] = ()) -> Any:
+    """Train in this process (one rank) with the installed plugins; a ``TinyRun``."""
+    from hyper_core.plugins import get_plugin_host
+    from hyper_core.testing import isolated_host, run_tiny_training
+
+    host = isolated_host(plugins, entry_points=True) if plugins else get_plugin_host()
+    return run_tiny_training(raw, host=host)
+
+
+def probe_logits(model: Any) -> Any:
+    """Logits of ``model`` on the worker's fixed probe input (eval mode, no grad)."""
+    import torch
+    from dist_worker import PROBE_IDS
+
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([PROBE_IDS])
+        return model(input_ids=ids, use_cache=False).logits.float()
+
+
+@pytest.fixture
+def one_thread() -> Any:
+    """Run this test's in-process training on one intra-op thread, like the rank processes
+    (bit-identical comparisons across processes need the same reduction order)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

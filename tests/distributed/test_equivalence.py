@@ -1,0 +1,141 @@
+"""2 ranks (ddp, fsdp2, HSDP) give the losses of 1 rank on the same global batch; a 2-rank
+checkpoint resumes on 1 rank and exports to HF. All 2-rank jobs run in one torchrun launch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dist_helpers import (
+    HERE,
+    MODELS,
+    assert_close,
+    grad_norms,
+    losses,
+    model_config,
+    one_thread,  # noqa: F401
+    text_config,
+    torchrun,
+    train_here,
+    vl_available,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _jobs(root: Path) -> dict[str, dict[str, Any]]:
+    jobs = {
+        "text-ddp": {"config": text_config(root / "text-ddp", parallel={"strategy": "ddp"})},
+        # fsdp2 with activation checkpointing (must not change the math), checkpoints at 5
+        # and 10 (kept) and the HF export gathered from the shards.
+        "text-fsdp2": {
+            "config": text_config(
+                root / "text-fsdp2",
+                parallel={"strategy": "fsdp2"},
+                training={"activation_checkpointing": True},
+                checkpoint={"every_steps": 5, "keep_last": None, "export_hf": True},
+            ),
+            "probe": True,
+        },
+        # HSDP: replicate over 2 groups of 1 shard (the replicate all-reduce path).
+        "text-hsdp": {
+            "config": text_config(
+                root / "text-hsdp", parallel={"strategy": "fsdp2", "dp_replicate": 2}
+            )
+        },
+    }
+    if vl_available():
+        for strategy in ("ddp", "fsdp2"):
+            name = f"vl-{strategy}"
+            cfg = model_config("vl", root / name, parallel={"strategy": strategy})
+            jobs[name] = {"config": cfg}
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every 2-rank job, run once; returns the folder of their output_dirs."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    jobs_file = root / "jobs.json"
+    jobs_file.write_text(json.dumps(list(_jobs(root).values())))
+    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """1-rank reference runs (this process), per model family."""
+    refs = {}
+    for model in ("text", "vl") if vl_available() else ("text",):
+        out = tmp_path_factory.mktemp(f"one-rank-{model}")
+        train_here(model_config(model, out))
+        refs[model] = out
+    return refs
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("model", MODELS)
+def test_two_ranks_match_one_rank(
+    two_ranks: Path, one_rank: dict[str, Path], model: str, strategy: str
+) -> None:
+    out = two_ranks / f"{model}-{strategy}"
+    assert_close(losses(out), losses(one_rank[model]), 1e-4)
+    # Clipping is active (norms ~3 > max_grad_norm 1): the norm must be global over shards.
+    norms = grad_norms(out)
+    assert min(norms.values()) > 1.0
+    assert_close(norms, grad_norms(one_rank[model]), 1e-4)
+    # Rank 0 alone writes metrics: one record per step.
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 11))
+
+
+def test_hsdp_matches_one_rank(two_ranks: Path, one_rank: dict[str, Path]) -> None:
+    assert_close(losses(two_ranks / "text-hsdp"), losses(one_rank["text"]), 1e-4)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_two_rank_checkpoint_resumes_on_one_rank(two_ranks: Path, tmp_path: Path) -> None:
+    ckpt = two_ranks / "text-fsdp2" / "checkpoints" / "step-5"
+    assert (ckpt / "COMPLETE").is_file()
+    assert sorted(p.name for p in (ckpt / "extra").iterdir()) == ["rank-0.pt", "rank-1.pt"]
+    assert len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per saving rank
+    run = train_here(text_config(tmp_path, checkpoint={"resume": str(ckpt)}))
+    resumed = losses(tmp_path)
+    assert sorted(resumed) == [6, 7, 8, 9, 10]
+    two = losses(two_ranks / "text-fsdp2")
+    assert abs(resumed[6] - two[6]) <= 1e-5
+    assert_close(resumed, {s: two[s] for s in resumed}, 1e-4)
+    assert run.trainer.state.global_step == 10
+
+
+def _hf_logits(path: Path) -> Any:
+    from dist_helpers import probe_logits
+    from transformers import AutoModelForCausalLM
+
+    return probe_logits(AutoModelForCausalLM.from_pretrained(path, local_files_only=True))
+
+
+def test_fsdp2_export_hf_loads_with_transformers(two_ranks: Path) -> None:
+    import torch
+
+    out = two_ranks / "text-fsdp2"
+    hf = out / "hf"
+    assert (hf / "config.json").is_file() and list(hf.glob("*.safetensors"))
+    assert (hf / "tokenizer.json").is_file() or (hf / "tokenizer_config.json").is_file()
+    trained = torch.load(out / "probe_logits.pt")
+    torch.testing.assert_close(_hf_logits(hf), trained, atol=1e-5, rtol=0)
+
+
+def test_export_command_on_a_two_rank_checkpoint(two_ranks: Path, tmp_path: Path) -> None:
+    import torch
+
+    from hyper_core.cli import main
+
+    out = two_ranks / "text-fsdp2"
+    target = tmp_path / "hf"
+    assert main(["export", str(out / "checkpoints" / "step-10"), "--out", str(target)]) == 0
+    trained = torch.load(out / "probe_logits.pt")
+    torch.testing.assert_close(_hf_logits(target), trained, atol=1e-5, rtol=0)

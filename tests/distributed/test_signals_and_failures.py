@@ -1,0 +1,86 @@
+"""Through the launcher (``hyper-train run --nproc-per-node 2``): a failing rank ends the job
+naming it; SIGTERM saves a checkpoint, exits 0, and the run resumes from it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dist_helpers import hyper_train, losses, subprocess_env, text_config, train_here, write_toml
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_rank_raising_in_step_3_fails_the_job_and_is_named(tmp_path: Path) -> None:
+    toml = write_toml(
+        text_config(tmp_path / "run", parallel={"strategy": "ddp"}, logging={"progress": "lines"}),
+        tmp_path / "fail.toml",
+    )
+    t0 = time.monotonic()
+    proc = hyper_train(
+        ["run", str(toml), "--nproc-per-node", "2", "--plugin", "chaos_plugin"],
+        timeout=90,
+        HT_FAIL_RANK="1",
+        HT_FAIL_AT_STEP="2",
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert elapsed < 60
+    err = proc.stderr
+    assert "hyper-train: rank 1" in err and "chaos: injected failure at step 3" in err, err[-4000:]
+    # Rank 0 alone prints progress: steps 1 and 2 once each, no step 3.
+    assert err.count("step 1/10") == 1 and err.count("step 2/10") == 1
+    assert "step 3/10" not in err
+
+
+def test_sigterm_to_the_launcher_saves_exits_zero_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    toml = write_toml(
+        text_config(
+            out,
+            parallel={"strategy": "fsdp2"},
+            training={"steps": 500, "lr_scheduler": "constant"},
+            checkpoint={"resume": "auto"},
+        ),
+        tmp_path / "term.toml",
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hyper_core", "run", str(toml), "--nproc-per-node", "2"],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        metrics = out / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert launcher.poll() is None, launcher.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "the run logged no 3 steps in 90 s"
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err[-4000:]
+    stopped_at = max(losses(out))
+    assert 3 <= stopped_at < 500
+    ckpt = out / "checkpoints" / f"step-{stopped_at}"
+    assert (ckpt / "COMPLETE").is_file(), err[-4000:]
+    assert (out / "checkpoints" / "latest").read_text() == ckpt.name
+
+    # Resume (here on one rank) continues from the next step.
+    raw = text_config(
+        out,
+        parallel={"strategy": "fsdp2"},
+        training={"steps": stopped_at + 2, "lr_scheduler": "constant"},
+        checkpoint={"resume": "auto"},
+    )
+    run = train_here(raw)
+    assert run.trainer.state.global_step == stopped_at + 2
+    assert sorted(losses(out))[-2:] == [stopped_at + 1, stopped_at + 2]
