@@ -17,8 +17,9 @@ writes ``COMPLETE`` into it, renames it to ``step-N`` and then rewrites ``latest
 without ``COMPLETE`` (torn by a crash, or still in flight) are never loaded.
 
 ``[checkpoint] async = true`` stages the state to CPU memory (a copy, so training may go on)
-and writes it from a background thread; the checkpoint is finalised at the first step after
-every rank's write has finished (or at the next save / the end of training).
+and writes it from a background thread, whose collectives use a gloo group of their own; the
+checkpoint is finalised at the first step after every rank's write has finished (or at the
+next save / the end of training).
 
 All ranks must see ``output_dir`` (a shared file system on several nodes).
 """
@@ -167,9 +168,16 @@ class Checkpointer:
         #: Seconds of the last save (blocking part; async: until staged) and load.
         self.last_save_s: float | None = None
         self.last_load_s: float | None = None
+        self._async_group: Any = None
         if self.cfg.async_save and dist.world_size == 1:
             # The background writer thread warns too, outside any catch_warnings().
             warnings.filterwarnings("ignore", message=_NO_PG_WARNING)
+        elif self.cfg.async_save:
+            import torch.distributed as tdist
+
+            # The background save runs collectives while training runs its own: on the same
+            # group their order would differ between ranks (a deadlock). A group of its own.
+            self._async_group = tdist.new_group(backend="gloo")
 
     # -- state --------------------------------------------------------------------------------
 
@@ -224,7 +232,9 @@ class Checkpointer:
         app = self._app_state(trainer)
         with _quiet_single_process():
             if self.cfg.async_save:
-                future = dcp.async_save(app, checkpoint_id=str(tmp_dir))
+                future = dcp.async_save(
+                    app, checkpoint_id=str(tmp_dir), process_group=self._async_group
+                )
                 self._pending = _Pending(
                     future=future, tmp_dir=tmp_dir, final_dir=final_dir, step=step, started=t0
                 )

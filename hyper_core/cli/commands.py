@@ -274,7 +274,7 @@ def _trace_hooks(host: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
-    if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun:
+    if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         load_run_config(args)  # fail fast, once, on a bad config
         return _launch_torchrun(args)
     if not under_torchrun:

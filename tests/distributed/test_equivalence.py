@@ -27,7 +27,14 @@ pytestmark = pytest.mark.slow
 
 def _jobs(root: Path) -> dict[str, dict[str, Any]]:
     jobs = {
-        "text-ddp": {"config": text_config(root / "text-ddp", parallel={"strategy": "ddp"})},
+        # ddp with async checkpoints every 3 steps: background saves overlap training steps.
+        "text-ddp": {
+            "config": text_config(
+                root / "text-ddp",
+                parallel={"strategy": "ddp"},
+                checkpoint={"every_steps": 3, "keep_last": None, "async": True},
+            )
+        },
         # fsdp2 with activation checkpointing (must not change the math), checkpoints at 5
         # and 10 (kept) and the HF export gathered from the shards.
         "text-fsdp2": {
@@ -59,7 +66,10 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every 2-rank job, run once; returns the folder of their output_dirs."""
     root = tmp_path_factory.mktemp("two-ranks")
     jobs_file = root / "jobs.json"
-    jobs_file.write_text(json.dumps(list(_jobs(root).values())))
+    jobs = list(_jobs(root).values())
+    for job in jobs:  # a hang fails within a minute instead of the default 10
+        job["config"].setdefault("parallel", {})["timeout_s"] = 60
+    jobs_file.write_text(json.dumps(jobs))
     proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return root
@@ -94,6 +104,19 @@ def test_two_ranks_match_one_rank(
 
 def test_hsdp_matches_one_rank(two_ranks: Path, one_rank: dict[str, Path]) -> None:
     assert_close(losses(two_ranks / "text-hsdp"), losses(one_rank["text"]), 1e-4)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_two_rank_async_checkpoints_complete_and_resume(two_ranks: Path, tmp_path: Path) -> None:
+    ckpts = two_ranks / "text-ddp" / "checkpoints"
+    assert [p.name for p in sorted(ckpts.glob("step-*"))] == [
+        "step-10", "step-3", "step-6", "step-9",
+    ]  # fmt: skip
+    assert all((p / "COMPLETE").is_file() for p in ckpts.glob("step-*"))
+    assert (ckpts / "latest").read_text() == "step-10" and not list(ckpts.glob(".tmp-*"))
+    train_here(text_config(tmp_path, checkpoint={"resume": str(ckpts / "step-6")}))
+    resumed, two = losses(tmp_path), losses(two_ranks / "text-ddp")
+    assert_close(resumed, {s: two[s] for s in (7, 8, 9, 10)}, 1e-5)
 
 
 @pytest.mark.usefixtures("one_thread")
