@@ -119,7 +119,32 @@ class ModelAdapter:
         raise NotImplementedError
 
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Per-image vision inputs of a micro-batch (for encoder parallelism)."""
+        """Per-image vision inputs of a micro-batch (for encoder parallelism).
+
+        One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
+        dicts' tensors along dim 0 gives back the inputs of several images.
+        """
+        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
+
+    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+        """Run the vision encoder (and projector) of ``model`` on the inputs of some images.
+
+        ``vision_inputs`` is :meth:`split_vision_inputs`' per-image dicts concatenated. The
+        result holds one tensor per image in sequences (``transformers``' ``get_image_features``
+        convention: ``.pooler_output`` a tuple of ``(tokens_i, hidden)``, optional further
+        per-image fields such as ``.deepstack_features``), and is what
+        :meth:`inject_vision_outputs` accepts.
+        """
+        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
+
+    def inject_vision_outputs(
+        self, model_inputs: Mapping[str, Any], outputs: Any
+    ) -> dict[str, Any]:
+        """Model inputs that carry precomputed encoder ``outputs`` instead of the pixels.
+
+        :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
+        convention (``mm_encoder_outputs``).
+        """
         raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
 
     # -- export -------------------------------------------------------------------------------

@@ -219,6 +219,42 @@ class HFModelAdapter(ModelAdapter):
             vision = VisionEncoderSpec(module=self.vision_module, input_keys=self.vision_input_keys)
         return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
 
+    # -- vision encoder (encoder parallelism), transformers' VL conventions -----------------
+
+    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image."""
+        if self.vision_module is None:
+            return super().split_vision_inputs(model_inputs)
+        pixel_values = model_inputs.get("pixel_values")
+        grid = model_inputs.get("image_grid_thw")
+        if pixel_values is None or grid is None or not len(grid):
+            return []
+        chunks = pixel_values.split([int(n) for n in grid.prod(dim=-1)], dim=0)
+        return [
+            {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}
+            for i, chunk in enumerate(chunks)
+        ]
+
+    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+        """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``: tower
+        and projector; ``.pooler_output`` is a tuple of per-image ``(tokens_i, text_hidden)``."""
+        if self.vision_module is None:
+            return super().call_vision_encoder(model, vision_inputs)
+        return model.get_image_features(
+            vision_inputs["pixel_values"], vision_inputs["image_grid_thw"], return_dict=True
+        )
+
+    def inject_vision_outputs(
+        self, model_inputs: Mapping[str, Any], outputs: Any
+    ) -> dict[str, Any]:
+        """``pixel_values`` dropped, ``mm_encoder_outputs={"image": outputs}`` added (the
+        other keys, e.g. ``image_grid_thw``, stay for the position ids)."""
+        if self.vision_module is None:
+            return super().inject_vision_outputs(model_inputs, outputs)
+        inputs = {k: v for k, v in model_inputs.items() if k != "pixel_values"}
+        inputs["mm_encoder_outputs"] = {"image": outputs}
+        return inputs
+
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
         """6·N·tokens for the language model (N without embeddings) plus attention; the
         vision tower's 6·N_vision·patches when it has one."""

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kimi_helpers import micro_batch, model_config
+from kimi_helpers import model_config
 from safetensors import safe_open
 
 from hyper_core.adapters.base import ModelAssets
+from hyper_core.testing.vl import micro_batch
 from hyper_kimi_k26.adapter import KimiK25Adapter
 
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from kimi_helpers import loss_of, micro_batch, model_config
+from kimi_helpers import model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.adapters.hf import count_params, match_modules
 from hyper_core.builtin.stages import freeze
 from hyper_core.errors import UserError
+from hyper_core.testing.vl import loss_of, micro_batch
 from hyper_kimi_k26.adapter import KimiK25Adapter
 
 

@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 import torch
-from kimi_helpers import chat, model_config
+from kimi_helpers import model_config
 from PIL import Image
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.batching.types import IGNORE_INDEX
 from hyper_core.data.conversation import load_images, parse_conversation
 from hyper_core.data.errors import SampleError
+from hyper_core.testing.vl import chat
 from hyper_kimi_k26.adapter import KimiK25Adapter
 from hyper_kimi_k26.tokens import KIMI_CHAT, OFFLINE_IDS
 

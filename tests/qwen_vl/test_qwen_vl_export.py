@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from qwen_vl_helpers import ADAPTERS, micro_batch, model_config
+from qwen_vl_helpers import ADAPTERS, model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.errors import UserError
 from hyper_core.registry import import_ref
+from hyper_core.testing.vl import micro_batch
 from hyper_qwen_vl.adapters import QwenVLAdapter
 
 

@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 import torch
-from qwen_vl_helpers import loss_of, micro_batch, model_config
+from qwen_vl_helpers import loss_of, model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.adapters.hf import count_params, match_modules
 from hyper_core.builtin.stages import freeze
+from hyper_core.testing.vl import micro_batch
 from hyper_qwen_vl.adapters import QwenVLAdapter
 from hyper_qwen_vl.rope import mrope_position_ids
 from hyper_qwen_vl.tokens import OFFLINE_IDS

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 from PIL import Image
-from qwen_vl_helpers import chat
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.batching.types import IGNORE_INDEX
 from hyper_core.data.conversation import parse_conversation
 from hyper_core.data.errors import SampleError
+from hyper_core.testing.vl import chat
 from hyper_qwen_vl.adapters import QwenVLAdapter
 from hyper_qwen_vl.tokens import OFFLINE_IDS
 

@@ -414,30 +414,6 @@ class KimiK25Adapter(HFModelAdapter):
             meta=dict(sample.get("meta") or {}),
         )
 
-    # -- vision encoder (encoder parallelism) ---------------------------------------------------
-
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One ``{"pixel_values": (patches_i, 3, 14, 14), "image_grid_thw": (1, 3)}`` per image."""
-        pixel_values = model_inputs.get("pixel_values")
-        grid = model_inputs.get("image_grid_thw")
-        if pixel_values is None or grid is None or not len(grid):
-            return []
-        sizes = [int(n) for n in grid.prod(dim=-1)]
-        chunks = pixel_values.split(sizes, dim=0)
-        return [
-            {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}
-            for i, chunk in enumerate(chunks)
-        ]
-
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
-        """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``: tower
-        and projector; ``.pooler_output`` is a tuple of per-image ``(tokens_i, text_hidden)``.
-        The model's forward accepts it as ``mm_encoder_outputs={"image": out}`` in place of
-        ``pixel_values``."""
-        return model.get_image_features(
-            vision_inputs["pixel_values"], vision_inputs["image_grid_thw"], return_dict=True
-        )
-
     # -- export ---------------------------------------------------------------------------------
 
     def export_hf(

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hyper_core.adapters.processor import ImageTextProcessor
+
 from .tokens import IMAGE_PLACEHOLDER, IMAGE_PREFIX, IMAGE_SUFFIX, MEDIA_PAD
 
 if TYPE_CHECKING:
@@ -263,7 +265,7 @@ class KimiImageProcessor:
         )
 
 
-class KimiProcessor:
+class KimiProcessor(ImageTextProcessor):
     """Tokenizer + :class:`KimiImageProcessor`, images only.
 
     Image ``i`` becomes ``<|media_begin|>image<|media_content|>`` + ``<|media_pad|>`` × N +
@@ -274,24 +276,13 @@ class KimiProcessor:
     image_token = MEDIA_PAD
 
     def __init__(self, image_processor: KimiImageProcessor, tokenizer: Any) -> None:
-        self.image_processor = image_processor
-        self.tokenizer = tokenizer
+        super().__init__(image_processor, tokenizer)
         vocab = tokenizer.get_vocab()
         if MEDIA_PAD not in vocab:
             raise ValueError(f"the tokenizer lacks the Kimi image token {MEDIA_PAD}")
         self.image_token_id = int(vocab[MEDIA_PAD])
         self._prefix_ids = list(tokenizer.encode(IMAGE_PREFIX, add_special_tokens=False))
         self._suffix_ids = list(tokenizer.encode(IMAGE_SUFFIX, add_special_tokens=False))
-
-    @property
-    def chat_template(self) -> str | None:
-        """The tokenizer's chat template."""
-        return getattr(self.tokenizer, "chat_template", None)
-
-    @property
-    def merge_size(self) -> int:
-        """Spatial merge of the vision tower (2: 2×2 patches per LLM token)."""
-        return self.image_processor.merge_size
 
     def process_images(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """``pixel_values`` and ``image_grid_thw`` of RGB PIL images."""
@@ -304,63 +295,6 @@ class KimiProcessor:
     def image_token_ids(self, num_tokens: int) -> list[int]:
         """The ids that stand for one image of ``num_tokens`` features."""
         return [*self._prefix_ids, *[self.image_token_id] * num_tokens, *self._suffix_ids]
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        """The tokenizer's ``apply_chat_template`` (``tokenize=False`` by default)."""
-        kwargs.setdefault("tokenize", False)
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
-
-    def __call__(
-        self,
-        text: str | Sequence[str],
-        images: Sequence[Image.Image] | None = None,
-        *,
-        padding: bool | str = False,
-        return_tensors: str = "pt",
-    ) -> Any:
-        """Tokenise ``text`` with each ``<|media_pad|>`` expanded for the images in order."""
-        from transformers import BatchFeature
-
-        texts = [text] if isinstance(text, str) else list(text)
-        data: dict[str, Any] = {}
-        counts: list[int] = []
-        if images:
-            vision = self.process_images(images)
-            data.update(vision)
-            counts = self.num_image_tokens(vision["image_grid_thw"])
-        idx = 0
-        expanded = []
-        for t in texts:
-            first, *rest = t.split(MEDIA_PAD)
-            pieces = [first]
-            for piece in rest:
-                if idx >= len(counts):
-                    raise ValueError("more image tokens in the text than images")
-                pieces.append(MEDIA_PAD * counts[idx] + piece)
-                idx += 1
-            expanded.append("".join(pieces))
-        if idx != len(counts):
-            raise ValueError(f"{len(counts)} images but {idx} image tokens in the text")
-        enc = self.tokenizer(
-            expanded, padding=padding, return_tensors=return_tensors, add_special_tokens=False
-        )
-        data.update(enc)
-        return BatchFeature(data=data)
-
-    def batch_decode(self, *args: Any, **kwargs: Any) -> list[str]:
-        """The tokenizer's ``batch_decode``."""
-        return self.tokenizer.batch_decode(*args, **kwargs)
-
-    def decode(self, *args: Any, **kwargs: Any) -> str:
-        """The tokenizer's ``decode``."""
-        return self.tokenizer.decode(*args, **kwargs)
-
-    def save_pretrained(self, save_directory: str | Path) -> None:
-        """Write the tokenizer files (with the chat template) and ``preprocessor_config.json``."""
-        out = Path(save_directory)
-        out.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save_pretrained(str(out))
-        self.image_processor.save_pretrained(out)
 
     def __repr__(self) -> str:
         return f"KimiProcessor({self.image_processor!r}, vocab={len(self.tokenizer)})"

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hyper_core.adapters.processor import ImageTextProcessor
+
 from .tokens import IMAGE_PAD, VISION_END, VISION_START
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ def build_image_processor(
     )
 
 
-class QwenVLProcessor:
+class QwenVLProcessor(ImageTextProcessor):
     """Tokenizer + PIL image processor for Qwen-VL models, images only.
 
     :meth:`process_images` gives ``pixel_values`` ``(Σ patches, C·T·P·P)`` and
@@ -120,8 +122,7 @@ class QwenVLProcessor:
     vision_end_token = VISION_END
 
     def __init__(self, image_processor: Any, tokenizer: Any, chat_template: str | None = None):
-        self.image_processor = image_processor
-        self.tokenizer = tokenizer
+        super().__init__(image_processor, tokenizer)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         vocab = tokenizer.get_vocab()
@@ -131,16 +132,6 @@ class QwenVLProcessor:
         self.image_token_id = int(vocab[IMAGE_PAD])
         self.vision_start_token_id = int(vocab[VISION_START])
         self.vision_end_token_id = int(vocab[VISION_END])
-
-    @property
-    def chat_template(self) -> str | None:
-        """The tokenizer's chat template (renders images as vision_start/pad/end)."""
-        return getattr(self.tokenizer, "chat_template", None)
-
-    @property
-    def merge_size(self) -> int:
-        """Spatial merge of the vision tower (2: 2×2 patches per LLM token)."""
-        return int(self.image_processor.merge_size)
 
     @property
     def min_pixels(self) -> int:
@@ -174,67 +165,11 @@ class QwenVLProcessor:
             self.vision_end_token_id,
         ]
 
+    def extra_features(self, encoded: Any) -> dict[str, Any]:
+        """``mm_token_type_ids``: 1 on image tokens (read by ``generate``)."""
+        return {"mm_token_type_ids": (encoded["input_ids"] == self.image_token_id).long()}
+
     # -- HF-style API for inference ---------------------------------------------------------
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        """The tokenizer's ``apply_chat_template`` (``tokenize=False`` by default)."""
-        kwargs.setdefault("tokenize", False)
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
-
-    def __call__(
-        self,
-        text: str | Sequence[str],
-        images: Sequence[Image.Image] | None = None,
-        *,
-        padding: bool | str = False,
-        return_tensors: str = "pt",
-    ) -> Any:
-        """Tokenise ``text`` (one or a batch) with each ``<|image_pad|>`` expanded in order."""
-        from transformers import BatchFeature
-
-        texts = [text] if isinstance(text, str) else list(text)
-        data: dict[str, Any] = {}
-        counts: list[int] = []
-        if images:
-            vision = self.process_images(images)
-            data.update(vision)
-            counts = self.num_image_tokens(vision["image_grid_thw"])
-        idx = 0
-        expanded = []
-        for t in texts:
-            first, *rest = t.split(IMAGE_PAD)
-            pieces = [first]
-            for piece in rest:
-                if idx >= len(counts):
-                    raise ValueError("more image tokens in the text than images")
-                pieces.append(IMAGE_PAD * counts[idx] + piece)
-                idx += 1
-            expanded.append("".join(pieces))
-        if idx != len(counts):
-            raise ValueError(f"{len(counts)} images but {idx} image tokens in the text")
-        enc = self.tokenizer(
-            expanded, padding=padding, return_tensors=return_tensors, add_special_tokens=False
-        )
-        data.update(enc)
-        data["mm_token_type_ids"] = (enc["input_ids"] == self.image_token_id).long()
-        return BatchFeature(data=data)
-
-    def batch_decode(self, *args: Any, **kwargs: Any) -> list[str]:
-        """The tokenizer's ``batch_decode``."""
-        return self.tokenizer.batch_decode(*args, **kwargs)
-
-    def decode(self, *args: Any, **kwargs: Any) -> str:
-        """The tokenizer's ``decode``."""
-        return self.tokenizer.decode(*args, **kwargs)
-
-    # -- files -------------------------------------------------------------------------------
-
-    def save_pretrained(self, save_directory: str | Path) -> None:
-        """Write tokenizer files (with the chat template) and ``preprocessor_config.json``."""
-        out = Path(save_directory)
-        out.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save_pretrained(str(out))
-        self.image_processor.save_pretrained(str(out))
 
     @classmethod
     def from_pretrained(

@@ -1,0 +1,92 @@
+"""Shared test data for vision-language adapters: odd-sized images, samples with 0/1/2 images,
+core-runtime micro-batches and the training loss (any adapter's tests can use them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: name -> (height, width) of the test pictures (odd sizes on purpose).
+IMAGE_SIZES: dict[str, tuple[int, int]] = {
+    "odd.png": (57, 93),
+    "square.png": (112, 112),
+    "wide.png": (40, 150),
+}
+
+
+def write_test_images(root: Path) -> Path:
+    """Random RGB pictures of :data:`IMAGE_SIZES` plus a ``corrupt.png`` into ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, (h, w) in IMAGE_SIZES.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name)
+    (root / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not a png")
+    return root
+
+
+def chat(user: Any, answer: str, image_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A raw sample whose relative image paths resolve against ``image_dir``."""
+    return {
+        "messages": [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": answer},
+        ],
+        "_source": {"file": str(image_dir / "data.jsonl"), "line": 1},
+        **extra,
+    }
+
+
+def vl_samples(image_dir: Path) -> list[dict[str, Any]]:
+    """A micro-batch's worth of samples with 0, 1 and 2 images of different sizes."""
+    return [
+        chat("What colour is the shape?", "a red circle", image_dir),
+        chat(
+            [{"type": "image", "image": "odd.png"}, {"type": "text", "text": "What shape is it?"}],
+            "a square",
+            image_dir,
+            meta={"question": "shape"},
+        ),
+        chat(
+            "<image>Describe the image.<image>",
+            "a blue triangle",
+            image_dir,
+            images=["square.png", "wide.png"],
+        ),
+    ]
+
+
+def runtime(kind: str, pad_token_id: int = 0) -> Any:
+    """The core ``packed`` or ``padded`` runtime."""
+    from ..batching.base import BatchingOptions
+    from ..batching.packed import PackedRuntime
+    from ..batching.padded import PaddedRuntime
+
+    options = BatchingOptions(micro_batch_size=8, max_seq_len=4096, pad_token_id=pad_token_id)
+    return PackedRuntime(options) if kind == "packed" else PaddedRuntime(options)
+
+
+def micro_batch(features: Sequence[Any], kind: str, pad_token_id: int = 0) -> Any:
+    """One micro-batch of ``features`` laid out by the core runtime ``kind``."""
+    return runtime(kind, pad_token_id).make_micro_batch(list(features))
+
+
+def loss_of(
+    model: Any,
+    mb: Any,
+    num_loss_tokens: float | None = None,
+    forward_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """Sum of CE over the shifted labels / ``num_loss_tokens`` (default: the micro-batch's).
+
+    ``forward_kwargs`` default to the training ones (``use_cache=False``).
+    """
+    from ..training.loss import causal_lm_loss
+
+    kwargs = {"use_cache": False} if forward_kwargs is None else forward_kwargs
+    outputs = model(**mb.model_inputs, **kwargs)
+    loss, _ = causal_lm_loss(outputs, mb.loss_inputs, float(num_loss_tokens or mb.num_loss_tokens))
+    return loss
