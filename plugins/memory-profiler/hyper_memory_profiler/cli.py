@@ -1,0 +1,246 @@
+"""``hyper-train memory estimate CONFIG`` and ``hyper-train memory report OUTPUT_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .units import GIB, fmt_mib, parse_size
+
+
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    """The CLI's global flags, accepted after the action too (without resetting them)."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks of user errors",
+    )
+    parser.add_argument(
+        "--strict-plugins",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="a plugin that fails to load is fatal",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="MODULE",
+        help="also load this module as a plugin",
+    )
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``memory`` command's actions and options."""
+    parser.set_defaults(accepts_overrides=True)
+    sub = parser.add_subparsers(dest="memory_action", metavar="ACTION", required=True)
+    est = sub.add_parser(
+        "estimate",
+        help="predict per-rank memory of a config (meta device, nothing allocated)",
+        description=(
+            "Build the config's model on the meta device and predict, per rank, parameters, "
+            "gradients, AdamW state, buffers, activations of one micro-batch and transient "
+            "buffers, under the configured sharding, dtypes and activation checkpointing. "
+            "Extra --section.key=value arguments override the config."
+        ),
+    )
+    _global_options(est)
+    est.add_argument("config", help="the TOML config")
+    est.add_argument("--nproc-per-node", type=int, default=1, help="processes per node (1)")
+    est.add_argument("--nnodes", type=int, default=1, help="nodes (1)")
+    est.add_argument(
+        "--device-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory of one device, e.g. 80GiB or 141GB: says whether it fits",
+    )
+    est.add_argument(
+        "--headroom",
+        type=float,
+        default=0.10,
+        help="fraction of --device-memory kept free for the CUDA context, "
+        "allocator fragmentation and workspaces (0.10)",
+    )
+    est.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="token positions per micro-batch (default: micro_batch_size × max_seq_len)",
+    )
+    est.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="samples per micro-batch (default: micro_batch_size)",
+    )
+    est.add_argument(
+        "--patches",
+        type=int,
+        default=None,
+        help="vision patches per micro-batch (default: one max_pixels image per sample)",
+    )
+    est.add_argument("--rank", type=int, default=0, help="the rank to estimate (0: the largest)")
+    est.add_argument("--json", action="store_true", help="machine-readable output")
+    rep = sub.add_parser(
+        "report",
+        help="print the memory report of a profiled run",
+        description="Print the tables of OUTPUT_DIR's memory summary (from [memory_profiler]).",
+    )
+    _global_options(rep)
+    rep.add_argument("output_dir", help="the run's output_dir (or its memory folder)")
+    rep.add_argument("--json", action="store_true", help="print summary.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch ``memory ACTION``."""
+    if args.memory_action == "report":
+        return _report(args)
+    return _estimate(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hyper_core.errors import UserError
+
+    from .report import find_summary, format_report
+
+    if getattr(args, "overrides", None):
+        raise UserError(f"memory report: unrecognized arguments: {' '.join(args.overrides)}")
+    try:
+        path = find_summary(args.output_dir)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    summary = json.loads(path.read_text())
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        sys.stdout.write(format_report(summary))
+    return 0
+
+
+def _batch(args: argparse.Namespace, config: Any, registries: Any) -> Any:
+    """The default (worst-case) micro-batch, with the command line's overrides."""
+    if args.tokens is None and args.samples is None and args.patches is None:
+        return None
+    from hyper_core.builtin.resolve import resolve_adapter
+
+    from .estimate import BatchShape, build_meta_model, default_batch, model_shape
+
+    adapter = resolve_adapter(config.model, registries)
+    model = build_meta_model(config, adapter)
+    base = default_batch(config, adapter, model_shape(model, adapter), model)
+    samples = args.samples if args.samples is not None else base.samples
+    if args.tokens is not None:
+        rows = 1 if base.rows == 1 else samples
+        seq_len = max(args.tokens // rows, 1)
+    else:
+        rows, seq_len = base.rows, base.seq_len
+    patches = args.patches if args.patches is not None else base.patches
+    return BatchShape(
+        rows=rows,
+        seq_len=seq_len,
+        samples=samples,
+        patches=patches,
+        images=base.images if patches else 0,
+    )
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from hyper_core.cli.commands import load_run_config
+    from hyper_core.errors import UserError
+
+    from .estimate import estimate_config
+
+    world = args.nproc_per_node * args.nnodes
+    if world < 1:
+        raise UserError("memory estimate: --nproc-per-node and --nnodes must be >= 1")
+    if not 0.0 <= args.headroom < 1.0:
+        raise UserError("memory estimate: --headroom must be in [0, 1)")
+    config, host = load_run_config(args)
+    est = estimate_config(
+        config, host.registries, world, _batch(args, config, host.registries), args.rank
+    )
+    data = est.to_json()
+    data["config"] = str(args.config)
+    fits = None
+    if args.device_memory is not None:
+        usable = int(args.device_memory * (1.0 - args.headroom))
+        fits = est.rows["total"] <= usable
+        data["device_memory"] = args.device_memory
+        data["usable_memory"] = usable
+        data["fits"] = fits
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    sys.stdout.write(format_estimate(data))
+    return 0
+
+
+def format_estimate(data: dict[str, Any]) -> str:
+    """The human-readable estimate table."""
+    from .report import LABELS
+
+    lay, prec, batch = data["layout"], data["precision"], data["batch"]
+    shards = lay["dp_shard"] if lay["shards_parameters"] and lay["world_size"] > 1 else 1
+    mode = "bf16 autocast" if prec["autocast"] else f"{prec['compute_bytes'] * 8}-bit"
+    lines = [
+        f"memory estimate for {data.get('config')}: {lay['world_size']} rank(s), strategy "
+        f"{lay['strategy']}"
+        + (f" (parameters sharded over {shards})" if shards > 1 else " (parameters replicated)")
+        + f", {mode}, activation checkpointing "
+        + ("on" if data["activation_checkpointing"] else "off"),
+        f"micro-batch: {batch['rows']} row(s) × {batch['seq_len']} tokens = {batch['tokens']} "
+        f"tokens, {batch['samples']} sample(s)"
+        + (f", {batch['patches']} vision patches" if batch["patches"] else "")
+        + (", attention mask" if batch["masked"] else ""),
+        "",
+        f"{'per rank':<48}{'MiB':>14}{'GiB':>10}",
+    ]
+    for key, value in data["per_rank"].items():
+        if key == "total":
+            lines.append("-" * 72)
+        lines.append(f"{LABELS.get(key, key):<48}{fmt_mib(value, 14)}{value / GIB:>10.2f}")
+    state = data["state"]
+    groups: list[str] = []
+    for cat in ("params", "grads", "optimizer"):
+        groups += [g for g in state[cat]["by_group"] if g not in groups]
+    if len(groups) > 1:
+        lines += ["", f"{'by group':<16}{'params':>14}{'grads':>14}{'optimizer':>14}"]
+        for g in groups:
+            lines.append(
+                f"{g:<16}"
+                + "".join(
+                    fmt_mib(state[c]["by_group"].get(g, 0), 14)
+                    for c in ("params", "grads", "optimizer")
+                )
+            )
+    acts = {k: v for k, v in data["activations"].items() if k != "total" and v}
+    lines += [
+        "",
+        "activations by part (MiB): " + ", ".join(f"{k} {fmt_mib(v)}" for k, v in acts.items()),
+    ]
+    trans = {k: v for k, v in data["transient"].items() if v}
+    if trans:
+        lines.append(
+            "transient by part (MiB): " + ", ".join(f"{k} {fmt_mib(v)}" for k, v in trans.items())
+        )
+    if "fits" in data:
+        total, usable = data["per_rank"]["total"], data["usable_memory"]
+        verdict = "fits" if data["fits"] else "does NOT fit"
+        lines += [
+            "",
+            f"device memory {data['device_memory'] / GIB:.1f} GiB, usable {usable / GIB:.1f} GiB "
+            f"after headroom: {verdict} ({total / GIB:.2f} GiB = {100 * total / usable:.0f}% of "
+            "usable)",
+        ]
+    return "\n".join([*lines, ""])

@@ -1,0 +1,705 @@
+"""Predicting a run's memory per rank before running it (``hyper-train memory estimate``).
+
+The model is built on the meta device (no memory, no weights read) and ``[model] freeze`` is
+applied, so parameter shapes, dtypes and trainability are the run's own.
+
+**Model state** (exact): per parameter, its rank-local element count times its element size.
+Under a parameter-sharding strategy (``fsdp2``) with more than one rank, each parameter is
+split along dim 0 over ``dp_shard`` ranks the way FSDP2 does (``torch.chunk``: rank 0 holds
+``ceil(d0 / dp_shard)`` rows, the largest share); otherwise (``none``, ``ddp``) in full.
+Gradients: trainable parameters, in their dtype. AdamW: ``exp_avg`` and ``exp_avg_sq`` in
+the parameter's dtype (fp32 for fp32 weights) plus a 4-byte ``step`` per trainable tensor.
+Buffers are never sharded.
+
+**Activations** (saved for backward by one micro-batch, what
+:class:`~hyper_memory_profiler.activations.SavedTensorMeter` measures). Per token (language
+model) or per vision patch, with ``c`` the compute element size (2 under bf16 autocast, else
+the weights' size), ``r`` the residual stream's (LM: the weights' size; vision: ``c``),
+``F = 4`` (fp32 statistics), ``w`` the block width, ``i`` its MLP width, ``nh``/``nkv`` the
+query/key-value heads, ``d`` the head size:
+
+* each norm: RMSNorm ``F·w + F + r·w`` (fp32 input, ``rsqrt``, the normalised input),
+  LayerNorm ``x·w + 2F`` (``x`` = 4 under autocast, else ``r``), plus its output as the next
+  linear's input, ``c·w`` (under autocast one cast per reading linear: q, k, v → 3; gate, up → 2);
+* attention, separate q/k/v (LM): ``c·(2·nh·d + 2·kv)`` (q, k, v, output) ``+ F·nh`` (log-sum-
+  exp), ``kv = nh·d`` when the key/values are repeated for the kernel (SDPA with a mask, eager)
+  else ``nkv·d``; SDPA with a mask (packed micro-batch of several samples, or padding) also
+  saves the mask per layer: ``c·L`` per token for rows of length ``L``; eager saves the
+  probabilities, ``F·nh·L`` (``+ c·nh·L`` under autocast) instead of the log-sum-exp and mask;
+  per-head q/k RMSNorm (Qwen3) adds ``(nh + nkv)·(F·d + F + c·d)``;
+* attention, fused qkv (vision): ``c·7·w + F·nh`` (qkv output, roped q and k, the per-image
+  outputs and their concatenation), ``c·6·w`` with a varlen flash kernel (no concatenation);
+* MLP: gated ``c·4·i`` (gate, up, act(gate), product), GELU ``c·2·i``, QuickGELU ``c·3·i``;
+* per micro-batch once: token ids and labels ``16`` bytes per token (+ a 4-byte scalar),
+  RoPE ``cos``/``sin`` ``2·d·r`` (LM) and ``2·d·F`` (vision) per position, the final norm,
+  the fp32 log-softmax of the logits ``F·V`` per token, the image-token mask ``1`` byte per
+  token, the pixel input ``c·patch_dim`` per patch, each patch merger ``norm(w) + c·2·w`` per
+  patch.
+
+With activation checkpointing the units save only their input, ``r·w`` per token (or patch)
+and unit; everything inside is recomputed in backward (one unit's worth is counted as
+transient).
+
+**Transient** (live at the peak, not saved for backward): the logits ``c·V`` per token held by
+the outputs and the fp32 gradient of the log-softmax ``F·V``; under FSDP2 with several ranks the
+unsharded root parameters plus two unsharded units (current + prefetch) and one unit's
+unsharded gradients; under bf16 autocast of fp32 weights the bf16 weight copies autocast saves
+(every Linear/Conv weight, unsharded; with checkpointing only those outside the units, plus one
+unit's in the recompute). The total adds everything, as if all were live at once
+(gradients and activations overlap only partly, so it is an upper bound in that respect).
+
+The formula was calibrated against the saved-tensor measurement of transformers 5 Qwen2,
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (fp32 and bf16 autocast, SDPA); see the README.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMULA_VERSION = 1
+F = 4  # fp32 statistics
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The tensors of one micro-batch: ``rows`` × ``seq_len`` tokens, ``patches`` vision patches."""
+
+    rows: int
+    seq_len: int
+    samples: int
+    patches: int = 0
+    images: int = 0
+    padding: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Token positions given to the model (padding included)."""
+        return self.rows * self.seq_len
+
+    @property
+    def masked(self) -> bool:
+        """Whether attention needs an explicit mask (several samples in a row, or padding)."""
+        return self.samples > self.rows or self.padding > 0
+
+    @classmethod
+    def from_micro_batch(cls, mb: Any) -> BatchShape:
+        """The shape of a :class:`~hyper_core.batching.types.MicroBatch`."""
+        ids = mb.model_inputs["input_ids"]
+        rows, seq_len = (1, int(ids.shape[0])) if ids.dim() == 1 else tuple(ids.shape[:2])
+        grid = mb.model_inputs.get("image_grid_thw")
+        patches = int(grid.prod(dim=-1).sum()) if grid is not None and len(grid) else 0
+        return cls(
+            rows=int(rows),
+            seq_len=int(seq_len),
+            samples=int(mb.num_samples),
+            patches=patches,
+            images=len(grid) if grid is not None else 0,
+            padding=int(mb.num_padding),
+        )
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Element sizes of a run's tensors."""
+
+    weight_bytes: int  # the weights as stored (model dtype)
+    compute_weight_bytes: int  # the weights as used in forward (FSDP2 param_dtype, or stored)
+    compute_bytes: int  # activations of matmuls (2 under bf16 autocast)
+    autocast: bool
+    reduce_bytes: int  # FSDP2 gradient reduction
+
+    @property
+    def text_residual(self) -> int:
+        """The LM's residual stream: the embedding output, in the weights' dtype."""
+        return self.compute_weight_bytes
+
+    @property
+    def vision_residual(self) -> int:
+        """The vision tower's residual stream: the patch conv's output dtype."""
+        return self.compute_bytes
+
+    @classmethod
+    def from_config(cls, config: Any, sharded: bool = False) -> Precision:
+        """From ``[model] dtype``, ``[training] mixed_precision`` and, when the parameters are
+        sharded (FSDP2 on several ranks), ``[parallel] param_dtype``/``reduce_dtype``."""
+        weight = _DTYPE_BYTES[config.model.dtype]
+        par = config.parallel
+        compute_weight = _DTYPE_BYTES[par.param_dtype] if sharded and par.param_dtype else weight
+        autocast = config.training.mixed_precision == "bf16"
+        reduce = _DTYPE_BYTES[par.reduce_dtype] if sharded and par.reduce_dtype else compute_weight
+        return cls(
+            weight_bytes=weight,
+            compute_weight_bytes=compute_weight,
+            compute_bytes=2 if autocast else compute_weight,
+            autocast=autocast,
+            reduce_bytes=reduce,
+        )
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """A stack of transformer blocks (the language model's layers, or the vision blocks)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: str = "gated"  # gated | gelu | quick_gelu
+    norm: str = "rms"  # rms | layer
+    fused_qkv: bool = False
+    qk_norm: bool = False
+    experts_per_token: int = 0  # MoE: the routed experts per token (0: dense)
+    experts: int = 0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the activation formula needs to know about a model."""
+
+    text: StackShape
+    vocab: int
+    attn_implementation: str = "sdpa"
+    vision: StackShape | None = None
+    mergers: int = 0
+    merger_norm: str = "rms"
+    patch_dim: int = 0
+    vision_window_index: bool = False
+    vision_pos_interp: bool = False
+    #: Parameter elements of each sharding unit (FSDP2 all-gather buffers).
+    unit_numels: tuple[int, ...] = ()
+    root_numel: int = 0
+    #: Elements of every Linear/Conv weight (autocast copies), and of those in no unit.
+    matmul_weight_numel: int = 0
+    matmul_root_numel: int = 0
+    matmul_unit_numel: int = 0  # the largest unit's
+
+
+# -- model inspection ---------------------------------------------------------------------------
+
+
+def _first(model: Any, suffix: str, under: str | None = None, exclude: str | None = None) -> Any:
+    for name, module in model.named_modules():
+        if under is not None and not name.startswith(under + "."):
+            continue
+        if exclude is not None and (name == exclude or name.startswith(exclude + ".")):
+            continue
+        if name.endswith(suffix):
+            return module
+    return None
+
+
+def _linear_out(module: Any, *names: str) -> int | None:
+    for name in names:
+        sub = getattr(module, name, None)
+        if sub is not None and hasattr(sub, "out_features"):
+            return int(sub.out_features)
+    return None
+
+
+def _norm_kind(module: Any) -> str:
+    name = type(module).__name__.lower() if module is not None else "rms"
+    return "rms" if "rms" in name else "layer"
+
+
+def _text_stack(model: Any, vision_path: str | None) -> StackShape:
+    cfg = getattr(model.config, "text_config", None) or model.config
+    layer = _first(model, "layers.0", exclude=vision_path)
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    intermediate = int(getattr(cfg, "intermediate_size", 0) or 0)
+    mlp_kind, qk_norm, norm = "gated", False, "rms"
+    experts = per_token = 0
+    if layer is not None:
+        attn = getattr(layer, "self_attn", None)
+        qk_norm = attn is not None and hasattr(attn, "q_norm")
+        norm = _norm_kind(getattr(layer, "input_layernorm", None))
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and hasattr(mlp, "experts"):
+            experts = int(getattr(cfg, "num_experts", 0) or 0)
+            per_token = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+            intermediate = int(getattr(cfg, "moe_intermediate_size", intermediate))
+        elif mlp is not None:
+            intermediate = _linear_out(mlp, "gate_proj", "up_proj", "fc1") or intermediate
+            mlp_kind = "gated" if hasattr(mlp, "gate_proj") else "gelu"
+    return StackShape(
+        layers=int(cfg.num_hidden_layers),
+        hidden=hidden,
+        intermediate=intermediate,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        mlp=mlp_kind,
+        norm=norm,
+        qk_norm=qk_norm,
+        experts=experts,
+        experts_per_token=per_token,
+    )
+
+
+def _vision_stack(model: Any, path: str) -> tuple[StackShape, dict[str, Any]]:
+    vc = model.config.vision_config
+    visual = model.get_submodule(path)
+    block = _first(visual, "blocks.0") or _first(visual, "layers.0")
+    hidden = int(getattr(vc, "embed_dim", None) or vc.hidden_size)
+    heads = int(getattr(vc, "num_heads", None) or getattr(vc, "num_attention_heads", 1))
+    intermediate = int(getattr(vc, "intermediate_size", 0) or hidden * getattr(vc, "mlp_ratio", 4))
+    mlp_kind, norm, fused = "gelu", "layer", True
+    if block is not None:
+        mlp = getattr(block, "mlp", None)
+        intermediate = _linear_out(mlp, "gate_proj", "fc1", "linear_fc1") or intermediate
+        if mlp is not None and hasattr(mlp, "gate_proj"):
+            mlp_kind = "gated"
+        else:
+            act = str(getattr(vc, "hidden_act", "gelu")).lower()
+            mlp_kind = "quick_gelu" if "quick" in act else "gelu"
+        norm = _norm_kind(getattr(block, "norm1", None))
+        attn = getattr(block, "attn", None)
+        fused = attn is not None and hasattr(attn, "qkv")
+        qkv = getattr(attn, "qkv", None)
+        if qkv is not None and hasattr(qkv, "in_features"):
+            hidden = int(qkv.in_features)
+    deepstack = getattr(visual, "deepstack_merger_list", None)
+    merger = getattr(visual, "merger", None)
+    merger_norm_module = getattr(merger, "ln_q", None) or getattr(merger, "norm", None)
+    patch = int(getattr(vc, "patch_size", 14))
+    extra = {
+        "mergers": (1 if merger is not None else 0) + (len(deepstack) if deepstack else 0),
+        "merger_norm": _norm_kind(merger_norm_module),
+        "patch_dim": int(getattr(vc, "in_channels", getattr(vc, "in_chans", 3)))
+        * int(getattr(vc, "temporal_patch_size", 1))
+        * patch
+        * patch,
+        "vision_window_index": getattr(vc, "window_size", None) is not None,
+        "vision_pos_interp": hasattr(visual, "pos_embed"),
+    }
+    stack = StackShape(
+        layers=int(getattr(vc, "depth", None) or vc.num_hidden_layers),
+        hidden=hidden,
+        intermediate=intermediate,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=hidden // heads,
+        mlp=mlp_kind,
+        norm=norm,
+        fused_qkv=fused,
+    )
+    return stack, extra
+
+
+def _vision_path(model: Any, adapter: Any) -> str | None:
+    try:
+        plan = adapter.parallel_plan(model)
+    except NotImplementedError:
+        plan = None
+    spec = getattr(plan, "vision_encoder", None)
+    path = spec.module if spec is not None else getattr(adapter, "vision_module", None)
+    if path is None or getattr(model.config, "vision_config", None) is None:
+        return None
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return None
+    return path
+
+
+def _matmul_weights(module: Any) -> list[Any]:
+    import torch
+
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    return [m.weight for m in module.modules() if isinstance(m, kinds)]
+
+
+def _units(model: Any, adapter: Any) -> dict[str, Any]:
+    """Parameter and matmul-weight elements per sharding unit and outside them (the root)."""
+    from hyper_core.adapters.hf import match_modules
+
+    try:
+        patterns = adapter.parallel_plan(model).sharding_units
+    except NotImplementedError:
+        patterns = ()
+    in_unit: set[int] = set()
+    numels, matmul = [], []
+    for name in match_modules(model, tuple(patterns)):
+        unit = model.get_submodule(name)
+        n = 0
+        for p in unit.parameters():
+            if id(p) not in in_unit:
+                in_unit.add(id(p))
+                n += p.numel()
+        numels.append(n)
+        matmul.append(sum(w.numel() for w in _matmul_weights(unit)))
+    weights = {id(w): w for w in _matmul_weights(model)}
+    return {
+        "unit_numels": tuple(numels),
+        "root_numel": sum(p.numel() for p in model.parameters() if id(p) not in in_unit),
+        "matmul_weight_numel": sum(w.numel() for w in weights.values()),
+        "matmul_root_numel": sum(w.numel() for i, w in weights.items() if i not in in_unit),
+        "matmul_unit_numel": max(matmul, default=0),
+    }
+
+
+def model_shape(model: Any, adapter: Any, attn_implementation: str = "sdpa") -> ModelShape:
+    """Inspect a (meta or real) HF model: block widths from its modules, counts from its config."""
+    vision_path = _vision_path(model, adapter)
+    text = _text_stack(model, vision_path)
+    cfg = getattr(model.config, "text_config", None) or model.config
+    vision = None
+    extra: dict[str, Any] = {}
+    if vision_path is not None:
+        vision, extra = _vision_stack(model, vision_path)
+    return ModelShape(
+        text=text,
+        vocab=int(cfg.vocab_size),
+        attn_implementation=attn_implementation,
+        vision=vision,
+        **_units(model, adapter),
+        **extra,
+    )
+
+
+# -- the activation formula ---------------------------------------------------------------------
+
+
+def norm_bytes(width: int, kind: str, residual: int, prec: Precision, readers: int) -> int:
+    """Saved bytes per token of one norm and its output as linear input (see module doc)."""
+    if kind == "rms":
+        inner = F * width + F + residual * width
+    else:
+        inner = (F if prec.autocast else residual) * width + 2 * F
+    return inner + prec.compute_bytes * width * (readers if prec.autocast else 1)
+
+
+def mlp_bytes(stack: StackShape, prec: Precision) -> int:
+    """Saved bytes per token of the MLP (MoE: the routed experts' share plus router logits)."""
+    per = {"gated": 4, "gelu": 2, "quick_gelu": 3}[stack.mlp]
+    if stack.experts_per_token:
+        return (
+            prec.compute_bytes * 4 * stack.intermediate * stack.experts_per_token
+            + F * stack.experts * 2
+        )
+    return prec.compute_bytes * per * stack.intermediate
+
+
+def text_layer_bytes(stack: StackShape, prec: Precision, batch: BatchShape, impl: str) -> int:
+    """Saved bytes per token of one decoder layer (mask included)."""
+    c, h = prec.compute_bytes, stack.hidden
+    q = stack.heads * stack.head_dim
+    repeat = impl == "eager" or (impl == "sdpa" and batch.masked)
+    kv = q if repeat else stack.kv_heads * stack.head_dim
+    readers1 = 1 if stack.fused_qkv else 3
+    readers2 = 2 if stack.mlp == "gated" else 1
+    total = norm_bytes(h, stack.norm, prec.text_residual, prec, readers1)
+    total += norm_bytes(h, stack.norm, prec.text_residual, prec, readers2)
+    if impl == "eager":
+        probs = F * stack.heads * batch.seq_len
+        if prec.autocast:
+            probs += c * stack.heads * batch.seq_len
+        total += c * (2 * q + 2 * kv) + probs
+    else:
+        total += c * (2 * q + 2 * kv) + F * stack.heads
+        if impl == "sdpa" and batch.masked:
+            total += c * batch.seq_len
+    if stack.qk_norm:
+        d = stack.head_dim
+        total += (stack.heads + stack.kv_heads) * (F * d + F + c * d)
+    return total + mlp_bytes(stack, prec)
+
+
+def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
+    """Saved bytes per patch of one vision block."""
+    c, w = prec.compute_bytes, stack.hidden
+    readers2 = 2 if stack.mlp == "gated" else 1
+    total = norm_bytes(w, stack.norm, prec.vision_residual, prec, 1 if stack.fused_qkv else 3)
+    total += norm_bytes(w, stack.norm, prec.vision_residual, prec, readers2)
+    if stack.fused_qkv:
+        total += c * (6 if impl.startswith("flash") else 7) * w + F * stack.heads
+    else:
+        total += c * 4 * w + F * stack.heads
+    return total + mlp_bytes(stack, prec)
+
+
+def activation_bytes(
+    shape: ModelShape, batch: BatchShape, prec: Precision, checkpointing: bool = False
+) -> dict[str, int]:
+    """Bytes saved for backward by one micro-batch, by part; ``total`` sums them.
+
+    Also returns ``recompute``: with checkpointing, one unit's activations rebuilt in backward
+    (transient, not in ``total``).
+    """
+    impl = shape.attn_implementation
+    t, tokens = shape.text, batch.tokens
+    c, r = prec.compute_bytes, prec.text_residual
+    layer = text_layer_bytes(t, prec, batch, impl)
+    parts: dict[str, int] = {}
+    if checkpointing:
+        parts["language_layers"] = t.layers * r * t.hidden * tokens
+    else:
+        parts["language_layers"] = t.layers * layer * tokens
+        parts["rope"] = 2 * t.head_dim * r * tokens
+    parts["final_norm"] = norm_bytes(t.hidden, t.norm, r, prec, 1) * tokens
+    parts["logits"] = F * shape.vocab * tokens
+    # token ids and labels (int64), the loss normaliser, the image-token mask
+    parts["inputs"] = 16 * tokens + 4 + (tokens if batch.patches else 0)
+    recompute = layer * tokens
+    v = shape.vision
+    if v is not None and batch.patches:
+        p = batch.patches
+        block = vision_block_bytes(v, prec, impl)
+        rv = prec.vision_residual
+        if checkpointing:
+            parts["vision_blocks"] = v.layers * rv * v.hidden * p
+        else:
+            parts["vision_blocks"] = v.layers * block * p
+            parts["vision_rope"] = 2 * v.head_dim * F * p
+        parts["vision_inputs"] = shape.patch_dim * c * p
+        merger = norm_bytes(v.hidden, shape.merger_norm, rv, prec, 1) + 2 * c * v.hidden
+        parts["projector"] = shape.mergers * merger * p
+        if shape.vision_window_index:
+            parts["vision_inputs"] += 16 * math.ceil(p / 4)
+        if shape.vision_pos_interp:
+            parts["vision_inputs"] += 48 * p
+        recompute = max(recompute, block * p)
+    parts["total"] = sum(parts.values())
+    parts["recompute"] = recompute if checkpointing else 0
+    return parts
+
+
+# -- model state --------------------------------------------------------------------------------
+
+
+def local_rows(dim0: int, shards: int, rank: int = 0) -> int:
+    """Rows of a dim-0 ``torch.chunk`` that ``rank`` holds (FSDP2's sharding)."""
+    if shards <= 1:
+        return dim0
+    chunk = math.ceil(dim0 / shards)
+    return max(0, min(chunk, dim0 - rank * chunk))
+
+
+def _local_numel(p: Any, shards: int, rank: int) -> int:
+    shape = tuple(p.shape)
+    if shards <= 1 or not shape:
+        return int(p.numel())
+    rest = math.prod(shape[1:])
+    return local_rows(shape[0], shards, rank) * rest
+
+
+def state_bytes(
+    model: Any, groups: Mapping[str, Any], shards: int = 1, rank: int = 0
+) -> dict[str, dict[str, Any]]:
+    """Predicted bytes of parameters, gradients, AdamW state and buffers on ``rank``.
+
+    ``groups`` is the adapter's ``freeze_groups``; the result has the shape of
+    :func:`hyper_memory_profiler.accounting.account`'s.
+    """
+    from .accounting import CATEGORIES, GroupMap
+
+    gmap = GroupMap(groups)
+    out: dict[str, dict[str, Any]] = {
+        c: {"total": 0, "by_dtype": {}, "by_group": {}, "count": 0} for c in CATEGORIES
+    }
+
+    def add(cat: str, nbytes: int, dtype: str, group: str) -> None:
+        entry = out[cat]
+        entry["total"] += nbytes
+        entry["count"] += 1
+        entry["by_dtype"][dtype] = entry["by_dtype"].get(dtype, 0) + nbytes
+        entry["by_group"][group] = entry["by_group"].get(group, 0) + nbytes
+
+    for name, p in model.named_parameters():
+        group = gmap.group_of(name)
+        dtype = str(p.dtype).removeprefix("torch.")
+        nbytes = _local_numel(p, shards, rank) * p.element_size()
+        add("params", nbytes, dtype, group)
+        if p.requires_grad:
+            add("grads", nbytes, dtype, group)
+            add("optimizer", nbytes, dtype, group)  # exp_avg
+            add("optimizer", nbytes, dtype, group)  # exp_avg_sq
+            add("optimizer", 4, "float32", group)  # step
+    for name, b in model.named_buffers():
+        add(
+            "buffers",
+            b.numel() * b.element_size(),
+            str(b.dtype).removeprefix("torch."),
+            gmap.group_of(name),
+        )
+    return out
+
+
+# -- the whole estimate -------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    """How the job is laid out: ranks, sharding."""
+
+    world_size: int
+    dp_replicate: int
+    dp_shard: int
+    strategy: str
+    shards_parameters: bool
+
+    @property
+    def param_shards(self) -> int:
+        """Ranks each parameter is split over (1: replicated)."""
+        return self.dp_shard if self.shards_parameters and self.world_size > 1 else 1
+
+
+def layout_for(config: Any, strategy: Any, world_size: int) -> Layout:
+    """The layout of ``config`` on ``world_size`` ranks (``dp_shard = -1``: the rest)."""
+    par = config.parallel
+    shard = par.dp_shard if par.dp_shard != -1 else max(world_size // par.dp_replicate, 1)
+    return Layout(
+        world_size=world_size,
+        dp_replicate=par.dp_replicate,
+        dp_shard=shard,
+        strategy=par.strategy,
+        shards_parameters=bool(getattr(strategy, "shards_parameters", False)),
+    )
+
+
+def default_batch(config: Any, adapter: Any, shape: ModelShape, model: Any) -> BatchShape:
+    """The worst-case micro-batch of ``config``: ``micro_batch_size`` samples of
+    ``max_seq_len`` tokens (one packed row, or that many padded rows), one image per sample of
+    ``[model] max_pixels`` (or the adapter's default) when the model has a vision tower."""
+    mbs, seq = config.training.micro_batch_size, config.data.max_seq_len
+    batching = (config.data.batching or getattr(adapter, "default_batching", "packed")).lower()
+    packed = batching == "packed"
+    rows, seq_len = (1, mbs * seq) if packed else (mbs, seq)
+    patches = images = 0
+    if shape.vision is not None:
+        vc = model.config.vision_config
+        patch = int(getattr(vc, "patch_size", 14))
+        merge = int(getattr(vc, "spatial_merge_size", 1))
+        defaults = getattr(adapter, "image_defaults", None)
+        max_pixels = config.model.max_pixels or getattr(defaults, "max_pixels", None)
+        per_image = max_pixels // (patch * patch) if max_pixels else seq * merge * merge // 2
+        per_image = min(per_image, seq * merge * merge)  # image tokens fit in the sample
+        images, patches = mbs, mbs * per_image
+    return BatchShape(rows=rows, seq_len=seq_len, samples=mbs, patches=patches, images=images)
+
+
+@dataclass
+class Estimate:
+    """A per-rank memory prediction (bytes); :meth:`to_json` for the summary."""
+
+    layout: Layout
+    precision: Precision
+    batch: BatchShape
+    checkpointing: bool
+    state: dict[str, dict[str, Any]]
+    activations: dict[str, int]
+    transient: dict[str, int]
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rows = {
+            "params": self.state["params"]["total"],
+            "grads": self.state["grads"]["total"],
+            "optimizer": self.state["optimizer"]["total"],
+            "buffers": self.state["buffers"]["total"],
+            "activations": self.activations["total"],
+            "weight_copies": self.transient.get("weight_copies", 0),
+            "transient": sum(v for k, v in self.transient.items() if k != "weight_copies"),
+        }
+        self.rows["total"] = sum(self.rows.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return {
+            "formula_version": FORMULA_VERSION,
+            "layout": asdict(self.layout),
+            "precision": asdict(self.precision),
+            "batch": {
+                **asdict(self.batch),
+                "tokens": self.batch.tokens,
+                "masked": self.batch.masked,
+            },
+            "activation_checkpointing": self.checkpointing,
+            "per_rank": dict(self.rows),
+            "state": self.state,
+            "activations": dict(self.activations),
+            "transient": dict(self.transient),
+        }
+
+
+def estimate_model(
+    model: Any,
+    adapter: Any,
+    config: Any,
+    layout: Layout,
+    batch: BatchShape | None = None,
+    rank: int = 0,
+) -> Estimate:
+    """Estimate for an already built (meta) ``model`` with ``[model] freeze`` applied."""
+    prec = Precision.from_config(config, sharded=layout.param_shards > 1)
+    shape = model_shape(model, adapter, config.model.attn_implementation)
+    if batch is None:
+        batch = default_batch(config, adapter, shape, model)
+    groups = adapter.freeze_groups(model)
+    state = state_bytes(model, groups, layout.param_shards, rank)
+    ckpt = bool(config.training.activation_checkpointing)
+    acts = activation_bytes(shape, batch, prec, ckpt)
+    tokens = batch.tokens
+    transient: dict[str, int] = {
+        "logits": prec.compute_bytes * shape.vocab * tokens,
+        "logits_grad": F * shape.vocab * tokens,
+        "recompute": acts.pop("recompute"),
+    }
+    if layout.param_shards > 1:
+        unit = max(shape.unit_numels, default=0)
+        transient["fsdp_unsharded"] = (
+            shape.root_numel + 2 * unit
+        ) * prec.compute_weight_bytes + unit * prec.reduce_bytes
+    if prec.autocast and prec.compute_weight_bytes != prec.compute_bytes:
+        if ckpt:
+            transient["weight_copies"] = prec.compute_bytes * shape.matmul_root_numel
+            transient["recompute"] += prec.compute_bytes * shape.matmul_unit_numel
+        else:
+            transient["weight_copies"] = prec.compute_bytes * shape.matmul_weight_numel
+    return Estimate(
+        layout=layout,
+        precision=prec,
+        batch=batch,
+        checkpointing=ckpt,
+        state=state,
+        activations=acts,
+        transient=transient,
+    )
+
+
+def build_meta_model(config: Any, adapter: Any) -> Any:
+    """The run's model on the meta device, with ``[model] freeze`` applied."""
+    from hyper_core.builtin.stages import freeze
+
+    model = adapter.build_model(config.model, device="meta")
+    freeze(model, adapter, config.model.freeze)
+    return model
+
+
+def estimate_config(
+    config: Any,
+    registries: Any,
+    world_size: int,
+    batch: BatchShape | None = None,
+    rank: int = 0,
+) -> Estimate:
+    """Build ``config``'s model on meta and estimate one rank of a ``world_size`` job."""
+    from hyper_core.builtin.resolve import resolve_adapter, resolve_strategy
+
+    adapter = resolve_adapter(config.model, registries)
+    strategy = resolve_strategy(config, registries)
+    model = build_meta_model(config, adapter)
+    layout = layout_for(config, strategy, world_size)
+    return estimate_model(model, adapter, config, layout, batch, rank)

@@ -1,0 +1,147 @@
+"""The estimator on a real-size config (meta device only) and its sharding arithmetic."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import pytest
+from mp_helpers import QWEN25_VL_7B_PARAMS, VL, write_7b
+
+pytestmark = pytest.mark.skipif(not VL, reason="needs hyper-train-qwen-vl")
+
+
+@pytest.fixture(scope="module")
+def seven_b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The 7B model built once on meta, its adapter and a config loader."""
+    from hyper_core.builtin.resolve import resolve_adapter
+    from hyper_core.config import load_config
+    from hyper_core.plugins.manager import PluginHost
+    from hyper_memory_profiler.estimate import build_meta_model
+
+    root = tmp_path_factory.mktemp("7b")
+    path = write_7b(root)
+    host = PluginHost()
+
+    def config(*overrides: str) -> Any:
+        return load_config(path, list(overrides), host.registries.config_sections)
+
+    adapter = resolve_adapter(config().model, host.registries)
+    return {
+        "path": path,
+        "host": host,
+        "config": config,
+        "adapter": adapter,
+        "model": build_meta_model(config(), adapter),
+    }
+
+
+def _estimate(
+    seven_b: dict[str, Any], world: int, *overrides: str, batch: Any = None, model: Any = None
+) -> Any:
+    from hyper_core.builtin.resolve import resolve_strategy
+    from hyper_memory_profiler.estimate import estimate_model, layout_for
+
+    cfg = seven_b["config"](*overrides)
+    strategy = resolve_strategy(cfg, seven_b["host"].registries)
+    layout = layout_for(cfg, strategy, world)
+    model = model if model is not None else seven_b["model"]
+    return estimate_model(model, seven_b["adapter"], cfg, layout, batch)
+
+
+def test_meta_model_is_the_real_7b(seven_b: dict[str, Any]) -> None:
+    model = seven_b["model"]
+    assert all(p.is_meta for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == QWEN25_VL_7B_PARAMS
+
+
+def test_state_per_rank_under_fsdp2(seven_b: dict[str, Any]) -> None:
+    one = _estimate(seven_b, 1)
+    eight = _estimate(seven_b, 8)
+    assert one.rows["params"] == 4 * QWEN25_VL_7B_PARAMS
+    assert one.layout.param_shards == 1 and eight.layout.param_shards == 8
+    # rank 0 holds ceil(d0/8) rows of every tensor: a little over an eighth
+    assert one.rows["params"] / 8 <= eight.rows["params"] < one.rows["params"] / 8 * 1.001
+    n = eight.state["params"]["count"]
+    assert eight.rows["grads"] == eight.rows["params"]
+    assert eight.rows["optimizer"] == 2 * eight.rows["params"] + 4 * n
+    # ddp replicates
+    ddp = _estimate(seven_b, 8, '--parallel.strategy="ddp"')
+    assert ddp.rows["params"] == one.rows["params"]
+    # freezing the vision tower drops its gradients and optimizer state, not its parameters
+    from hyper_memory_profiler.estimate import build_meta_model
+
+    freeze = '--model.freeze=["vision"]'
+    model = build_meta_model(seven_b["config"](freeze), seven_b["adapter"])
+    frozen = _estimate(seven_b, 8, freeze, model=model)
+    assert "vision" not in frozen.state["grads"]["by_group"]
+    assert frozen.state["params"]["by_group"] == eight.state["params"]["by_group"]
+    assert frozen.rows["optimizer"] < eight.rows["optimizer"]
+
+
+def test_activation_levers(seven_b: dict[str, Any]) -> None:
+    base = _estimate(seven_b, 8)
+    assert base.batch.tokens == 4096 and base.batch.patches == 5120  # max_pixels / 14²
+    ckpt = _estimate(seven_b, 8, "--training.activation_checkpointing=true")
+    assert ckpt.rows["activations"] < base.rows["activations"] / 5
+    assert ckpt.transient["recompute"] > 0
+    # bf16 autocast of fp32 weights keeps bf16 copies of every matmul weight for backward
+    embedding = 152064 * 3584
+    # (every weight but the embedding table; biases and norms are not copied)
+    assert base.rows["weight_copies"] == pytest.approx(
+        2 * (QWEN25_VL_7B_PARAMS - embedding), rel=1e-3
+    )
+    bf16 = _estimate(seven_b, 8, '--parallel.param_dtype="bfloat16"')
+    assert bf16.rows["weight_copies"] == 0
+    assert bf16.transient["fsdp_unsharded"] == base.transient["fsdp_unsharded"] // 2
+    # activations grow linearly with the tokens when the sequence has no mask
+    from hyper_memory_profiler.estimate import BatchShape
+
+    small = _estimate(seven_b, 8, batch=BatchShape(rows=1, seq_len=1024, samples=1))
+    large = _estimate(seven_b, 8, batch=BatchShape(rows=1, seq_len=2048, samples=1))
+    assert large.rows["activations"] == pytest.approx(2 * small.rows["activations"], rel=1e-3)
+    # ... and gain the per-layer SDPA mask when several samples share the row
+    packed = _estimate(seven_b, 8, batch=BatchShape(rows=1, seq_len=2048, samples=2))
+    assert packed.rows["activations"] > large.rows["activations"]
+
+
+def test_cli_fits_or_not(seven_b: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from hyper_core.cli import main
+
+    path: pathlib.Path = seven_b["path"]
+    assert (
+        main(
+            [
+                "memory",
+                "estimate",
+                str(path),
+                "--nproc-per-node",
+                "8",
+                "--device-memory",
+                "80GiB",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    est = json.loads(capsys.readouterr().out)
+    assert est["layout"]["dp_shard"] == 8 and est["fits"] is False
+    assert (
+        main(
+            [
+                "memory",
+                "estimate",
+                str(path),
+                "--nproc-per-node",
+                "8",
+                "--device-memory",
+                "80GiB",
+                "--training.activation_checkpointing=true",
+                '--parallel.param_dtype="bfloat16"',
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert ": fits (" in out and "sharded over 8" in out
