@@ -22,200 +22,208 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: A short, realistic implementation per hook.
 EXAMPLES: dict[str, str] = {
     "register_model_adapters": (
-        '@hookimpl\ndef register_model_adapters(register):\n'
+        "@hookimpl\ndef register_model_adapters(register):\n"
         '    register("llava", "my_llava.adapter:LlavaAdapter",\n'
         '             aliases=["LlavaForConditionalGeneration"])'
     ),
     "register_batching_runtimes": (
-        '@hookimpl\ndef register_batching_runtimes(register):\n'
+        "@hookimpl\ndef register_batching_runtimes(register):\n"
         '    register("sorted_padded", "my_pkg.batching:SortedPaddedRuntime")'
     ),
     "register_parallel_strategies": (
-        '@hookimpl\ndef register_parallel_strategies(register):\n'
+        "@hookimpl\ndef register_parallel_strategies(register):\n"
         '    register("encoder_parallel", "hyper_encoder_parallel.strategy:EncoderParallel")'
     ),
     "register_dataset_formats": (
-        '@hookimpl\ndef register_dataset_formats(register):\n'
-        '    # fn(path, options, base_dir) -> list of raw sample dicts\n'
+        "@hookimpl\ndef register_dataset_formats(register):\n"
+        "    # fn(path, options, base_dir) -> list of raw sample dicts\n"
         '    register("parquet_chat", "my_pkg.formats:load_parquet_chat")'
     ),
     "register_config_sections": (
-        '@hookimpl\ndef register_config_sections(register):\n'
+        "@hookimpl\ndef register_config_sections(register):\n"
         '    register("memory_profiler", "hyper_memory_profiler.config:MemoryProfilerConfig")'
     ),
     "register_commands": (
-        '@hookimpl\ndef register_commands(register):\n'
-        '    def add_arguments(parser):\n'
+        "@hookimpl\ndef register_commands(register):\n"
+        "    def add_arguments(parser):\n"
         '        parser.add_argument("output_dir")\n'
-        '    def run(args):\n'
-        '        print(args.output_dir)\n'
-        '        return 0\n'
+        "    def run(args):\n"
+        "        print(args.output_dir)\n"
+        "        return 0\n"
         '    register("where", add_arguments, run, help="print a run directory")'
     ),
     "setup_distributed": (
-        '@hookimpl(wrapper=True)\ndef setup_distributed(config):\n'
-        '    dist = yield\n'
+        "@hookimpl(wrapper=True)\ndef setup_distributed(config):\n"
+        "    dist = yield\n"
         '    print(f"rank {dist.rank} of {dist.world_size} on {dist.device}")\n'
-        '    return dist'
+        "    return dist"
     ),
     "build_model": (
-        '@hookimpl(wrapper=True)\ndef build_model(config, adapter, dist):\n'
-        '    model = yield\n'
-        '    model.get_input_embeddings().requires_grad_(False)  # freeze embeddings\n'
-        '    return model'
+        "@hookimpl(wrapper=True)\ndef build_model(config, adapter, dist):\n"
+        "    model = yield\n"
+        "    model.get_input_embeddings().requires_grad_(False)  # freeze embeddings\n"
+        "    return model"
     ),
     "parallelize_model": (
-        '@hookimpl\ndef parallelize_model(config, model, adapter, dist, strategy):\n'
+        "@hookimpl\ndef parallelize_model(config, model, adapter, dist, strategy):\n"
         '    if config.parallel.strategy == "my_tp":\n'
-        '        return apply_my_tensor_parallel(model, dist.mesh)\n'
-        '    return None  # let the next implementation (the core) do it'
+        "        return apply_my_tensor_parallel(model, dist.mesh)\n"
+        "    return None  # let the next implementation (the core) do it"
     ),
     "build_loss": (
-        '@hookimpl\ndef build_loss(config, adapter):\n'
-        '    def loss_fn(outputs, loss_inputs, num_loss_tokens):\n'
+        "@hookimpl\ndef build_loss(config, adapter):\n"
+        "    def loss_fn(outputs, loss_inputs, num_loss_tokens):\n"
         '        labels = loss_inputs["labels"]\n'
-        '        nll = torch.nn.functional.cross_entropy(\n'
+        "        nll = torch.nn.functional.cross_entropy(\n"
         '            outputs.logits.flatten(0, -2).float(), labels.flatten(), reduction="sum")\n'
-        '        return nll / num_loss_tokens, {}\n'
-        '    return loss_fn'
+        "        return nll / num_loss_tokens, {}\n"
+        "    return loss_fn"
     ),
     "build_model_assets": (
-        '@hookimpl(wrapper=True)\ndef build_model_assets(config, adapter):\n'
-        '    assets = yield\n'
+        "@hookimpl(wrapper=True)\ndef build_model_assets(config, adapter):\n"
+        "    assets = yield\n"
         '    assets.tokenizer.padding_side = "left"\n'
-        '    return assets'
+        "    return assets"
     ),
     "build_data_transform": (
-        '@hookimpl(wrapper=True)\ndef build_data_transform(config, adapter, assets):\n'
-        '    transform = yield\n'
-        '    def lowercase_first(sample):\n'
+        "@hookimpl(wrapper=True)\ndef build_data_transform(config, adapter, assets):\n"
+        "    transform = yield\n"
+        "    def lowercase_first(sample):\n"
         '        return transform({**sample, "prompt": sample["prompt"].lower()})\n'
-        '    return lowercase_first'
+        "    return lowercase_first"
     ),
     "build_dataset": (
-        '@hookimpl(wrapper=True)\ndef build_dataset(config, transform, dist, registries):\n'
-        '    splits = yield\n'
+        "@hookimpl(wrapper=True)\ndef build_dataset(config, transform, dist, registries):\n"
+        "    splits = yield\n"
         '    print(f"{len(splits.train)} training samples")\n'
-        '    return splits'
+        "    return splits"
     ),
     "build_collate_fn": (
-        '@hookimpl(wrapper=True)\ndef build_collate_fn(config, runtime, assets):\n'
-        '    collate = yield\n'
-        '    return lambda features: collate(sorted(features, key=lambda f: f.length))'
+        "@hookimpl(wrapper=True)\ndef build_collate_fn(config, runtime, assets):\n"
+        "    collate = yield\n"
+        "    return lambda features: collate(sorted(features, key=lambda f: f.length))"
     ),
     "build_dataloader": (
-        '@hookimpl(wrapper=True)\ndef build_dataloader(config, datasets, collate_fn, dist):\n'
-        '    loaders = yield\n'
+        "@hookimpl(wrapper=True)\ndef build_dataloader(config, datasets, collate_fn, dist):\n"
+        "    loaders = yield\n"
         '    print(f"{loaders.train.steps_per_epoch} steps per epoch")\n'
-        '    return loaders'
+        "    return loaders"
     ),
     "build_get_batch": (
-        '@hookimpl(wrapper=True)\ndef build_get_batch(config, runtime, dist):\n'
-        '    get_batch = yield\n'
-        '    def get_batch_bf16(micro_batch):\n'
-        '        model_inputs, loss_inputs = get_batch(micro_batch)\n'
+        "@hookimpl(wrapper=True)\ndef build_get_batch(config, runtime, dist):\n"
+        "    get_batch = yield\n"
+        "    def get_batch_bf16(micro_batch):\n"
+        "        model_inputs, loss_inputs = get_batch(micro_batch)\n"
         '        if "pixel_values" in model_inputs:\n'
         '            model_inputs["pixel_values"] = model_inputs["pixel_values"].bfloat16()\n'
-        '        return model_inputs, loss_inputs\n'
-        '    return get_batch_bf16'
+        "        return model_inputs, loss_inputs\n"
+        "    return get_batch_bf16"
     ),
     "compute_train_iters": (
-        '@hookimpl\ndef compute_train_iters(config, dataloaders, dist):\n'
-        '    return min(config.training.steps or 10**9, 2 * dataloaders.train.steps_per_epoch)'
+        "@hookimpl\ndef compute_train_iters(config, dataloaders, dist):\n"
+        "    return min(config.training.steps or 10**9, 2 * dataloaders.train.steps_per_epoch)"
     ),
     "build_optimizer": (
-        '@hookimpl\ndef build_optimizer(config, model):\n'
-        '    return torch.optim.SGD(model.parameters(), lr=config.training.lr, momentum=0.9)'
+        "@hookimpl\ndef build_optimizer(config, model):\n"
+        "    return torch.optim.SGD(model.parameters(), lr=config.training.lr, momentum=0.9)"
     ),
     "build_lr_scheduler": (
-        '@hookimpl\ndef build_lr_scheduler(config, optimizer, train_iters):\n'
-        '    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=train_iters // 3)'
+        "@hookimpl\ndef build_lr_scheduler(config, optimizer, train_iters):\n"
+        "    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=train_iters // 3)"
     ),
     "build_training_context": (
-        '@hookimpl\ndef build_training_context(config, model, dist):\n'
-        '    return lambda: torch.autocast(dist.device.type, dtype=torch.float16)'
+        "@hookimpl\ndef build_training_context(config, model, dist):\n"
+        "    return lambda: torch.autocast(dist.device.type, dtype=torch.float16)"
     ),
     "build_checkpointer": (
-        '@hookimpl(wrapper=True)\ndef build_checkpointer(config, dist, model, optimizer,\n'
-        '                       lr_scheduler, dataloaders):\n'
-        '    checkpointer = yield\n'
+        "@hookimpl(wrapper=True)\ndef build_checkpointer(config, dist, model, optimizer,\n"
+        "                       lr_scheduler, dataloaders):\n"
+        "    checkpointer = yield\n"
         '    print(f"checkpoints go to {checkpointer.root}")\n'
-        '    return checkpointer'
+        "    return checkpointer"
     ),
     "build_callbacks": (
-        'class Wandb:\n'
-        '    @hookimpl\n'
-        '    def on_log(self, metrics):\n'
-        '        wandb.log(metrics)\n\n'
-        '@hookimpl(wrapper=True)\ndef build_callbacks(config, dist):\n'
-        '    callbacks = yield\n'
-        '    return [*callbacks, Wandb()] if dist.is_main else callbacks'
+        "class Wandb:\n"
+        "    @hookimpl\n"
+        "    def on_log(self, metrics):\n"
+        "        wandb.log(metrics)\n\n"
+        "@hookimpl(wrapper=True)\ndef build_callbacks(config, dist):\n"
+        "    callbacks = yield\n"
+        "    return [*callbacks, Wandb()] if dist.is_main else callbacks"
     ),
     "on_stage_end": (
-        '@hookimpl\ndef on_stage_end(stage, result, trainer):\n'
+        "@hookimpl\ndef on_stage_end(stage, result, trainer):\n"
         '    if stage == "build_model":\n'
         '        print(sum(p.numel() for p in result.parameters()), "parameters")'
     ),
     "on_train_begin": (
-        '@hookimpl\ndef on_train_begin(trainer, state):\n'
+        "@hookimpl\ndef on_train_begin(trainer, state):\n"
         '    print(f"training {trainer.train_iters} steps from step {state.global_step}")'
     ),
     "on_epoch_begin": (
-        '@hookimpl\ndef on_epoch_begin(trainer, state, epoch):\n'
-        '    print(f"epoch {epoch}")'
+        '@hookimpl\ndef on_epoch_begin(trainer, state, epoch):\n    print(f"epoch {epoch}")'
     ),
     "on_step_begin": (
-        '@hookimpl\ndef on_step_begin(trainer, state, micro_batches):\n'
-        '    images = sum(mb.num_images for mb in micro_batches)\n'
+        "@hookimpl\ndef on_step_begin(trainer, state, micro_batches):\n"
+        "    images = sum(mb.num_images for mb in micro_batches)\n"
         '    print(f"step {state.global_step + 1}: {images} images")'
     ),
     "on_micro_step_end": (
-        '@hookimpl\ndef on_micro_step_end(trainer, state, micro_step, loss):\n'
+        "@hookimpl\ndef on_micro_step_end(trainer, state, micro_step, loss):\n"
         '    assert torch.isfinite(loss), f"non-finite loss in micro-step {micro_step}"'
     ),
     "on_step_end": (
-        '@hookimpl\ndef on_step_end(trainer, state, loss, loss_dict, grad_norm):\n'
-        '    if grad_norm is not None and grad_norm > 100:\n'
+        "@hookimpl\ndef on_step_end(trainer, state, loss, loss_dict, grad_norm):\n"
+        "    if grad_norm is not None and grad_norm > 100:\n"
         '        print(f"step {state.global_step}: grad norm {grad_norm:.1f}")'
     ),
     "on_log": (
-        '@hookimpl\ndef on_log(trainer, state, metrics):\n'
+        "@hookimpl\ndef on_log(trainer, state, metrics):\n"
         '    metrics["lr_x1000"] = metrics["lr"] * 1000  # written to metrics.jsonl'
     ),
     "on_evaluate": (
-        '@hookimpl\ndef on_evaluate(trainer, state, metrics):\n'
+        "@hookimpl\ndef on_evaluate(trainer, state, metrics):\n"
         '    print("eval loss", metrics["eval_loss"])'
     ),
     "on_save_checkpoint": (
-        '@hookimpl\ndef on_save_checkpoint(trainer, state, plugin_state):\n'
+        "@hookimpl\ndef on_save_checkpoint(trainer, state, plugin_state):\n"
         '    plugin_state["my_plugin"] = {"seen_images": COUNTER.value}'
     ),
     "on_load_checkpoint": (
-        '@hookimpl\ndef on_load_checkpoint(trainer, state, plugin_state):\n'
+        "@hookimpl\ndef on_load_checkpoint(trainer, state, plugin_state):\n"
         '    COUNTER.value = plugin_state.get("my_plugin", {}).get("seen_images", 0)'
     ),
     "on_epoch_end": (
-        '@hookimpl\ndef on_epoch_end(trainer, state, epoch):\n'
+        "@hookimpl\ndef on_epoch_end(trainer, state, epoch):\n"
         '    print(f"epoch {epoch} done at step {state.global_step}")'
     ),
     "on_train_end": (
-        '@hookimpl\ndef on_train_end(trainer, state):\n'
+        "@hookimpl\ndef on_train_end(trainer, state):\n"
         '    print(f"finished after {state.global_step} steps")'
     ),
     "on_train_error": (
-        '@hookimpl\ndef on_train_error(trainer, state, exc):\n'
-        '    dump_debug_state(trainer, reason=repr(exc))  # the error still propagates'
+        "@hookimpl\ndef on_train_error(trainer, state, exc):\n"
+        "    dump_debug_state(trainer, reason=repr(exc))  # the error still propagates"
     ),
 }
 
 _SECTIONS = (
-    ("Registration hooks", hookspecs.REGISTRATION_HOOKS,
-     "Called once per process when plugins load. Cheap; no torch imports."),
-    ("Build stages", hookspecs.BUILD_STAGES,
-     "Called once per run in this order; `firstresult` (the first non-None result wins; the "
-     "core's default runs last). Wrap one with `@hookimpl(wrapper=True)`."),
-    ("Lifecycle events", hookspecs.LIFECYCLE_EVENTS,
-     "Every implementation runs; return values are ignored."),
+    (
+        "Registration hooks",
+        hookspecs.REGISTRATION_HOOKS,
+        "Called once per process when plugins load. Cheap; no torch imports.",
+    ),
+    (
+        "Build stages",
+        hookspecs.BUILD_STAGES,
+        "Called once per run in this order; `firstresult` (the first non-None result wins; the "
+        "core's default runs last). Wrap one with `@hookimpl(wrapper=True)`.",
+    ),
+    (
+        "Lifecycle events",
+        hookspecs.LIFECYCLE_EVENTS,
+        "Every implementation runs; return values are ignored.",
+    ),
 )
 
 

@@ -110,10 +110,11 @@ class RunConfig(_Section):
         metadata=meta("Seed for every RNG (Python, NumPy, torch)."),
     )
     plugins: list[str] = attrs.field(
-        factory=list, metadata=meta(
+        factory=list,
+        metadata=meta(
             "Installed plugins (entry-point or distribution names) the run requires; a config "
             "never names code to import."
-        )
+        ),
     )
     deterministic: bool = attrs.field(
         default=False, metadata=meta("Use deterministic algorithms (slower).")
