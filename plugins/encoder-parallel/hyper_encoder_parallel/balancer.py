@@ -1,0 +1,449 @@
+"""The per-micro-step balancing of the vision encoder (imported only when a run enables it).
+
+A forward pre-hook on the model (inside DDP's wrapper; after FSDP2's root pre-forward, so the
+root's parameters are unsharded) takes over the images of every training forward:
+
+1. all ranks all-gather a small header (image count, input layout) and, when any rank has
+   images, one int64 record per image (patch rows, ``image_grid_thw``...);
+2. every rank runs the same deterministic planner on the same costs (LPT + local search);
+3. pixel patches go to their computing rank (``all_to_all_single`` with uneven splits);
+4. each rank runs the encoder **once** on its share, or on a zero-pixel copy of the smallest
+   image when its share is empty, so FSDP2's per-block all-gathers stay matched;
+5. the per-image features return to their owners through :class:`_AllToAll`, whose backward
+   sends the gradients back the same way, so the encoder parameters get them on the rank that
+   computed them; DDP/FSDP2 then reduce encoder gradients over ranks as usual, which gives the
+   same sum as when every rank encodes its own images;
+6. the owner's forward gets the features through ``adapter.inject_vision_outputs`` and no
+   pixels, so the model never calls the encoder itself.
+
+A rank's loss must depend on what it computed for others, or its backward would never reach the
+exchange (and the other ranks would wait for it): a zero-size slice of the received features
+(or of the dummy's) is summed into the input embeddings' output, adding exactly 0.
+
+A micro-step where no rank has images changes nothing (no encoder call anywhere). Evaluation
+and ``no_grad`` forwards are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from .config import EncoderParallelConfig
+from .planner import image_cost, imbalance, loads, plan
+from .plugin import ATTR
+from .vision_io import FlatOutputs, Schema, merge_inputs
+
+log = logging.getLogger("hyper_train.encoder_parallel")
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows to other ranks; backward sends the gradients of the received rows back.
+
+    The input may have more rows than it sends (a dummy's rows at the end): they get a zero
+    gradient, which still runs the encoder's backward on this rank.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        local: torch.Tensor,
+        send_rows: list[int],
+        recv_rows: list[int],
+        group: Any,
+    ) -> torch.Tensor:
+        ctx.send_rows, ctx.recv_rows, ctx.group = send_rows, recv_rows, group
+        ctx.local_shape = local.shape
+        sent = sum(send_rows)
+        out = local.new_empty((sum(recv_rows), *local.shape[1:]))
+        tdist.all_to_all_single(
+            out,
+            local[:sent].contiguous(),
+            output_split_sizes=recv_rows,
+            input_split_sizes=send_rows,
+            group=group,
+        )
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        sent = sum(ctx.send_rows)
+        back = grad.new_empty((sent, *grad.shape[1:]))
+        tdist.all_to_all_single(
+            back,
+            grad.contiguous(),
+            output_split_sizes=ctx.send_rows,
+            input_split_sizes=ctx.recv_rows,
+            group=ctx.group,
+        )
+        if sent == ctx.local_shape[0]:
+            return back, None, None, None
+        grad_local = grad.new_zeros(ctx.local_shape)
+        grad_local[:sent] = back
+        return grad_local, None, None, None
+
+
+@dataclass
+class _Image:
+    """One image of the micro-step, known to every rank."""
+
+    owner: int
+    index: int  # position among the owner's images
+    record: list[int]
+
+    @property
+    def rows(self) -> int:
+        return self.record[0]
+
+
+@dataclass
+class Stats:
+    """What the balancer saw; the interval fields reset at every log."""
+
+    encoder_calls: int = 0  # cumulative: encoder forwards on this rank
+    micro_steps: int = 0  # cumulative: training forwards seen
+    micro_steps_with_images: int = 0  # cumulative
+    images_owned: int = 0  # cumulative
+    images_computed: int = 0  # cumulative (dummies excluded)
+    dummy_calls: int = 0  # cumulative
+    # -- since the last log
+    n: int = 0
+    sum_before: float = 0.0
+    sum_after: float = 0.0
+    rebalanced: int = 0
+    images: int = 0
+    images_moved: int = 0
+    encoder_ms: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The cumulative counters (for tests and benchmarks)."""
+        keys = (
+            "encoder_calls",
+            "micro_steps",
+            "micro_steps_with_images",
+            "images_owned",
+            "images_computed",
+            "dummy_calls",
+        )
+        return {k: getattr(self, k) for k in keys}
+
+
+class EncoderBalancer:
+    """Balances the vision encoder of ``model`` (the unwrapped module) over ``group``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        adapter: Any,
+        input_keys: Sequence[str],
+        settings: EncoderParallelConfig,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        group: Any = None,
+    ) -> None:
+        self.model = model
+        self.adapter = adapter
+        self.keys = tuple(input_keys)
+        self.settings = settings
+        self.rank = rank
+        self.world = world_size
+        self.device = device
+        self.group = group
+        self.stats = Stats()
+        self._anchor: torch.Tensor | None = None
+        self._logged_step = 0
+        self._handles: list[Any] = []
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Hook the model's forward and its input embeddings."""
+        embeddings = self.model.get_input_embeddings()
+        if embeddings is None:
+            raise RuntimeError("encoder_parallel: the model has no input embeddings to anchor to")
+        self._handles = [
+            self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
+            self.model.register_forward_hook(self._post_forward),
+            embeddings.register_forward_hook(self._add_anchor),
+        ]
+
+    def remove(self) -> None:
+        """Undo :meth:`install`."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _pre_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if not module.training or not torch.is_grad_enabled():
+            return None
+        return args, self.rebalance(kwargs)
+
+    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._anchor is not None:
+            self._anchor = None
+            raise RuntimeError(
+                "encoder_parallel: the model's forward did not call its input embeddings, so "
+                "the vision features computed here for other ranks cannot get gradients"
+            )
+
+    def _add_anchor(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> Any:
+        anchor, self._anchor = self._anchor, None
+        if anchor is None:
+            return None
+        return output + anchor.to(output.dtype)
+
+    # -- the micro-step -------------------------------------------------------------------------
+
+    def rebalance(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The forward's keyword arguments with the images balanced (a collective)."""
+        self.stats.micro_steps += 1
+        patch_key = self.keys[0]
+        images = (
+            self.adapter.split_vision_inputs(kwargs) if kwargs.get(patch_key) is not None else []
+        )
+        schema = Schema.of(self.keys, images[0]) if images else None
+        header = (
+            schema.header(len(images)) if schema is not None else [0] * Schema.header_len(self.keys)
+        )
+        headers = self._all_gather(header)
+        counts = [h[0] for h in headers]
+        if sum(counts) == 0:
+            return kwargs
+        schema = self._agree(headers)
+        catalog = self._catalog(images, schema, counts)
+        self.stats.micro_steps_with_images += 1
+        self.stats.images_owned += len(images)
+        s = self.settings
+        costs = [image_cost(img.rows, s.cost_model, s.attention_patches) for img in catalog]
+        owners = [img.owner for img in catalog]
+        before = imbalance(loads(costs, owners, self.world))
+        if len(catalog) >= s.min_images and before > s.min_imbalance:
+            assignment = plan(costs, owners, self.world)
+        else:
+            assignment = list(owners)
+        after = imbalance(loads(costs, assignment, self.world))
+        st = self.stats
+        st.n += 1
+        st.sum_before += before
+        st.sum_after += after
+        st.images += len(catalog)
+        moved = sum(a != o for a, o in zip(assignment, owners, strict=True))
+        st.images_moved += moved
+        if not moved:
+            return self._local(kwargs, images, catalog, schema)
+        st.rebalanced += 1
+        return self._exchange(kwargs, images, catalog, assignment, schema)
+
+    def _local(
+        self,
+        kwargs: dict[str, Any],
+        images: list[dict[str, Any]],
+        catalog: list[_Image],
+        schema: Schema,
+    ) -> dict[str, Any]:
+        """Every rank encodes its own images (a rank without any encodes a dummy)."""
+        if images:
+            self.stats.images_computed += len(images)
+            return self.adapter.inject_vision_outputs(
+                kwargs, self._encode(merge_inputs(images, self.keys))
+            )
+        flat = FlatOutputs(self._encode(self._dummy(catalog, schema), dummy=True), 1)
+        self._anchor = flat.pack()[:0].sum()
+        return self._without_pixels(kwargs)
+
+    def _exchange(
+        self,
+        kwargs: dict[str, Any],
+        images: list[dict[str, Any]],
+        catalog: list[_Image],
+        assignment: list[int],
+        schema: Schema,
+    ) -> dict[str, Any]:
+        me, world = self.rank, self.world
+        gid = {id(img): g for g, img in enumerate(catalog)}
+        mine = [img for img in catalog if img.owner == me]
+        # Both sides order a pair's images by the owner's index: the owner sends them sorted
+        # by destination, the computing rank receives them sorted by source.
+        outgoing = sorted(mine, key=lambda img: (assignment[gid[id(img)]], img.index))
+        computed = [img for img in catalog if assignment[gid[id(img)]] == me]
+        send_rows = [0] * world
+        for img in mine:
+            send_rows[assignment[gid[id(img)]]] += img.rows
+        recv_rows = [0] * world
+        for img in computed:
+            recv_rows[img.owner] += img.rows
+        # 1. pixels to the computing ranks (no gradient)
+        if outgoing:
+            send = torch.cat([images[img.index][self.keys[0]] for img in outgoing], dim=0)
+        else:
+            send = schema.empty_patches(0, self.device)
+        recv = schema.empty_patches(sum(recv_rows), self.device)
+        tdist.all_to_all_single(recv, send.contiguous(), recv_rows, send_rows, group=self.group)
+        # 2. encode this rank's share (or a dummy)
+        if computed:
+            pieces = recv.split([img.rows for img in computed], dim=0)
+            share = [
+                {self.keys[0]: piece, **schema.metadata(img.record, self.device)}
+                for img, piece in zip(computed, pieces, strict=True)
+            ]
+            self.stats.images_computed += len(computed)
+            out = self._encode(merge_inputs(share, self.keys))
+            flat = FlatOutputs(out, len(computed))
+        else:
+            out = self._encode(self._dummy(catalog, schema), dummy=True)
+            flat = FlatOutputs(out, 1)
+        packed = flat.pack()
+        # 3. token rows per image back to the owners (sizes for the feature exchange)
+        n_send = [0] * world
+        tokens_send: list[int] = []
+        if computed:
+            for img, rows in zip(computed, flat.rows, strict=True):
+                n_send[img.owner] += 1
+                tokens_send.append(rows)
+        n_recv = [0] * world
+        for img in mine:
+            n_recv[assignment[gid[id(img)]]] += 1
+        tokens = self._exchange_ints(tokens_send, n_send, n_recv)
+        # 4. features back to the owners (differentiable)
+        feat_send = [0] * world
+        if computed:
+            for img, rows in zip(computed, flat.rows, strict=True):
+                feat_send[img.owner] += rows
+        feat_recv = [0] * world
+        for img, rows in zip(outgoing, tokens, strict=True):
+            feat_recv[assignment[gid[id(img)]]] += rows
+        received = _AllToAll.apply(packed, feat_send, feat_recv, self.group)
+        self._anchor = received[:0].sum()
+        if not mine:
+            return self._without_pixels(kwargs)
+        # 5. this rank's images, in its own order
+        blocks = received.split(tokens, dim=0)
+        per_image: list[list[torch.Tensor]] = [[] for _ in mine]
+        for img, block in zip(outgoing, blocks, strict=True):
+            per_image[img.index] = flat.unpack(block)
+        return self.adapter.inject_vision_outputs(kwargs, flat.rebuild(per_image))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _encode(self, inputs: Mapping[str, Any], dummy: bool = False) -> Any:
+        self.stats.encoder_calls += 1
+        self.stats.dummy_calls += int(dummy)
+        if not self.settings.profile:
+            return self.adapter.call_vision_encoder(self.model, inputs)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out = self.adapter.call_vision_encoder(self.model, inputs)
+        _sync(self.device)
+        self.stats.encoder_ms += (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _without_pixels(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if k not in self.keys}
+
+    def _dummy(self, catalog: list[_Image], schema: Schema) -> dict[str, torch.Tensor]:
+        """Zero pixels shaped like the micro-step's smallest image (its gradient is zero)."""
+        smallest = min(catalog, key=lambda img: img.rows)
+        patches = torch.zeros(
+            (smallest.rows, *schema.patch_trailing), dtype=schema.patch_dtype, device=self.device
+        )
+        return {self.keys[0]: patches, **schema.metadata(smallest.record, self.device)}
+
+    def _agree(self, headers: list[list[int]]) -> Schema:
+        """The input layout, which every rank with images must share."""
+        described = {tuple(h[1:]) for h in headers if h[0] > 0}
+        if len(described) != 1:
+            raise RuntimeError(
+                f"encoder_parallel: ranks disagree on the vision inputs: {described}"
+            )
+        first = next(h for h in headers if h[0] > 0)
+        return Schema.from_header(self.keys, first)
+
+    def _catalog(
+        self, images: list[dict[str, Any]], schema: Schema, counts: list[int]
+    ) -> list[_Image]:
+        width, most = schema.record_len, max(counts)
+        mine = [schema.record(img) for img in images]
+        mine += [[0] * width] * (most - len(mine))
+        gathered = self._all_gather([v for rec in mine for v in rec])
+        catalog = []
+        for rank, flat in enumerate(gathered):
+            for i in range(counts[rank]):
+                catalog.append(_Image(rank, i, flat[i * width : (i + 1) * width]))
+        return catalog
+
+    def _all_gather(self, values: list[int]) -> list[list[int]]:
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        tdist.all_gather(out, t, group=self.group)
+        return torch.stack(out).tolist()
+
+    def _exchange_ints(self, values: list[int], send: list[int], recv: list[int]) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        out = torch.empty(sum(recv), dtype=torch.int64, device=self.device)
+        tdist.all_to_all_single(out, t, recv, send, group=self.group)
+        return out.tolist()
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def flush_metrics(self, global_step: int) -> dict[str, float]:
+        """The interval's averages for ``metrics.jsonl``; resets them. With ``profile`` a
+        collective (every rank logs at the same steps)."""
+        st = self.stats
+        out: dict[str, float] = {}
+        if st.n:
+            out["encoder_parallel/imbalance_before"] = st.sum_before / st.n
+            out["encoder_parallel/imbalance_after"] = st.sum_after / st.n
+            out["encoder_parallel/rebalanced"] = st.rebalanced / st.n
+            out["encoder_parallel/images_moved"] = st.images_moved / max(st.images, 1)
+        if self.settings.profile:
+            steps = max(global_step - self._logged_step, 1)
+            t = torch.tensor([st.encoder_ms / steps], dtype=torch.float64, device=self.device)
+            gathered = [torch.empty_like(t) for _ in range(self.world)]
+            tdist.all_gather(gathered, t, group=self.group)
+            per_rank = [float(g.item()) for g in gathered]
+            out["encoder_parallel/encoder_ms_max"] = max(per_rank)
+            out["encoder_parallel/encoder_ms_mean"] = sum(per_rank) / len(per_rank)
+        self._logged_step = global_step
+        st.n = st.rebalanced = st.images = st.images_moved = 0
+        st.sum_before = st.sum_after = st.encoder_ms = 0.0
+        return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def install(
+    model: torch.nn.Module,
+    strategy: Any,
+    adapter: Any,
+    input_keys: Sequence[str],
+    settings: EncoderParallelConfig,
+    dist: Any,
+) -> EncoderBalancer:
+    """Balance ``model``'s encoder over all ranks (a collective: creates a process group)."""
+    inner = strategy.unwrap(model)
+    group = tdist.new_group()
+    balancer = EncoderBalancer(
+        inner,
+        adapter,
+        input_keys,
+        settings,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        device=dist.device,
+        group=group,
+    )
+    balancer.install()
+    setattr(inner, ATTR, balancer)
+    return balancer

@@ -1,0 +1,279 @@
+"""Moving vision inputs and encoder outputs between ranks as plain tensors.
+
+Inputs: the adapter's :meth:`~hyper_core.adapters.ModelAdapter.split_vision_inputs` gives one
+dict per image keyed by :attr:`~hyper_core.adapters.VisionEncoderSpec.input_keys`: the patch
+tensor first (``(patches_i, ...)``), then small per-image metadata (``image_grid_thw``
+``(1, 3)``). A :class:`Schema` (dtypes and trailing shapes) and one int64 record per image
+(patch rows, metadata values) describe them to every rank.
+
+Outputs: :meth:`~hyper_core.adapters.ModelAdapter.call_vision_encoder` returns a dataclass
+(``transformers`` ``ModelOutput``) whose per-image results are sequences of one tensor per
+image (``pooler_output``; Qwen3-VL's ``deepstack_features`` is a list of such sequences).
+:class:`FlatOutputs` packs each image's tensors into rows ``(tokens_i, F)`` and rebuilds the
+same structure for any subset of images. Fields that are not per-image (``last_hidden_state``,
+concatenated over patches) are not carried: the language model reads only per-image fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+#: dtype <-> the int code sent in headers.
+DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
+MAX_TRAILING = 4  # trailing dims of the patch tensor: (patches, D) or (patches, C, P, P)
+MAX_META_DIMS = 3  # dims of one image's metadata tensor: (1, 3)
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The header code of ``dtype``."""
+    try:
+        return DTYPES.index(dtype)
+    except ValueError:
+        raise TypeError(f"encoder_parallel cannot send tensors of dtype {dtype}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The layout of one image's vision inputs (the same on every rank)."""
+
+    keys: tuple[str, ...]
+    patch_dtype: torch.dtype
+    patch_trailing: tuple[int, ...]
+    meta_dtypes: tuple[torch.dtype, ...]
+    meta_shapes: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def header_len(keys: Sequence[str]) -> int:
+        """Ints in a rank's header: count, patch dtype/ndim/dims, per key dtype/ndim/dims."""
+        return 3 + MAX_TRAILING + (len(keys) - 1) * (2 + MAX_META_DIMS)
+
+    @property
+    def meta_numels(self) -> list[int]:
+        """Values per image of each metadata key."""
+        return [math.prod(shape) for shape in self.meta_shapes]
+
+    @property
+    def record_len(self) -> int:
+        """Ints per image record: patch rows, then every metadata value."""
+        return 1 + sum(self.meta_numels)
+
+    @classmethod
+    def of(cls, keys: Sequence[str], image: Mapping[str, torch.Tensor]) -> Schema:
+        """The schema of one image's inputs."""
+        missing = [k for k in keys if k not in image]
+        if missing or len(image) != len(keys):
+            raise ValueError(
+                f"split_vision_inputs gave keys {sorted(image)}, the vision encoder spec "
+                f"declares {list(keys)}"
+            )
+        patches = image[keys[0]]
+        if patches.dim() - 1 > MAX_TRAILING:
+            raise ValueError(f"patch tensor {tuple(patches.shape)} has too many dims")
+        metas = [image[k] for k in keys[1:]]
+        for k, t in zip(keys[1:], metas, strict=True):
+            if t.dim() > MAX_META_DIMS:
+                raise ValueError(f"per-image {k!r} {tuple(t.shape)} has too many dims")
+        return cls(
+            keys=tuple(keys),
+            patch_dtype=patches.dtype,
+            patch_trailing=tuple(patches.shape[1:]),
+            meta_dtypes=tuple(t.dtype for t in metas),
+            meta_shapes=tuple(tuple(t.shape) for t in metas),
+        )
+
+    def header(self, count: int) -> list[int]:
+        """This rank's header for ``count`` images."""
+        trailing = list(self.patch_trailing) + [0] * (MAX_TRAILING - len(self.patch_trailing))
+        out = [count, dtype_code(self.patch_dtype), len(self.patch_trailing), *trailing]
+        for dtype, shape in zip(self.meta_dtypes, self.meta_shapes, strict=True):
+            dims = list(shape) + [0] * (MAX_META_DIMS - len(shape))
+            out += [dtype_code(dtype), len(shape), *dims]
+        return out
+
+    @classmethod
+    def from_header(cls, keys: Sequence[str], header: Sequence[int]) -> Schema:
+        """The schema a (non-empty) rank's header describes."""
+        ndim = header[2]
+        trailing = tuple(header[3 : 3 + ndim])
+        pos = 3 + MAX_TRAILING
+        dtypes, shapes = [], []
+        for _ in keys[1:]:
+            dtypes.append(DTYPES[header[pos]])
+            n = header[pos + 1]
+            shapes.append(tuple(header[pos + 2 : pos + 2 + n]))
+            pos += 2 + MAX_META_DIMS
+        return cls(
+            keys=tuple(keys),
+            patch_dtype=DTYPES[header[1]],
+            patch_trailing=trailing,
+            meta_dtypes=tuple(dtypes),
+            meta_shapes=tuple(shapes),
+        )
+
+    def record(self, image: Mapping[str, torch.Tensor]) -> list[int]:
+        """One image's record: patch rows, then its metadata values as int64."""
+        out = [int(image[self.keys[0]].shape[0])]
+        for key in self.keys[1:]:
+            out += _to_int64(image[key]).reshape(-1).tolist()
+        return out
+
+    def metadata(self, record: Sequence[int], device: torch.device) -> dict[str, torch.Tensor]:
+        """The metadata tensors of an image from its record."""
+        out: dict[str, torch.Tensor] = {}
+        pos = 1
+        for key, dtype, shape, n in zip(
+            self.keys[1:], self.meta_dtypes, self.meta_shapes, self.meta_numels, strict=True
+        ):
+            values = torch.tensor(list(record[pos : pos + n]), dtype=torch.int64, device=device)
+            out[key] = _from_int64(values, dtype).reshape(shape)
+            pos += n
+        return out
+
+    def empty_patches(self, rows: int, device: torch.device) -> torch.Tensor:
+        """A ``(rows, *trailing)`` patch buffer."""
+        return torch.empty((rows, *self.patch_trailing), dtype=self.patch_dtype, device=device)
+
+
+def _to_int64(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point():
+        return t.detach().to(torch.float64).view(torch.int64)
+    return t.detach().to(torch.int64)
+
+
+def _from_int64(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return t.view(torch.float64).to(dtype)
+    return t.to(dtype)
+
+
+def merge_inputs(images: Sequence[Mapping[str, torch.Tensor]], keys: Sequence[str]) -> dict:
+    """Several images' inputs as one encoder input (each key concatenated along dim 0)."""
+    return {k: torch.cat([img[k] for img in images], dim=0) for k in keys}
+
+
+# -- outputs ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Leaf:
+    index: int
+
+
+@dataclasses.dataclass
+class _Seq:
+    kind: type
+    children: list[Any]
+
+
+_DROP = None
+
+
+class FlatOutputs:
+    """An encoder output split into per-image rows, and rebuilt for other images.
+
+    Built from this rank's own encoder output (every rank computes at least one image, real or
+    dummy, so every rank knows the structure, the trailing shapes and the dtypes).
+    """
+
+    def __init__(self, outputs: Any, num_images: int) -> None:
+        if not dataclasses.is_dataclass(outputs):
+            raise TypeError(
+                "call_vision_encoder must return a dataclass (a transformers ModelOutput), got "
+                f"{type(outputs).__name__}"
+            )
+        self.cls = type(outputs)
+        values = {f.name: getattr(outputs, f.name) for f in dataclasses.fields(outputs)}
+        ref_name = "pooler_output" if "pooler_output" in values else None
+        if ref_name is None or not _per_image(values[ref_name], num_images, None):
+            raise TypeError(
+                "call_vision_encoder's output must hold its per-image features as "
+                "`pooler_output`, a sequence of one tensor per image"
+            )
+        self.rows = [int(t.shape[0]) for t in values[ref_name]]
+        self.leaves: list[Sequence[torch.Tensor]] = []
+        self.spec = {name: self._walk(v, num_images) for name, v in values.items()}
+        first = [leaf[0] for leaf in self.leaves]
+        self.trailing = [tuple(t.shape[1:]) for t in first]
+        self.dtypes = [t.dtype for t in first]
+        self.widths = [math.prod(s) for s in self.trailing]
+        self.pack_dtype = self.dtypes[0]
+        for leaf, trailing, dtype in zip(self.leaves, self.trailing, self.dtypes, strict=True):
+            for t in leaf:
+                if tuple(t.shape[1:]) != trailing or t.dtype != dtype:
+                    raise TypeError("per-image encoder outputs differ in trailing shape or dtype")
+
+    def _walk(self, value: Any, n: int) -> Any:
+        if _per_image(value, n, self.rows):
+            self.leaves.append(value)
+            return _Leaf(len(self.leaves) - 1)
+        if isinstance(value, (list, tuple)) and value:
+            mark = len(self.leaves)
+            children = [self._walk(v, n) for v in value]
+            if all(c is not _DROP for c in children):
+                return _Seq(type(value), children)
+            del self.leaves[mark:]  # a mixed sequence is not carried at all
+        return _DROP
+
+    @property
+    def width(self) -> int:
+        """Columns of a packed row."""
+        return sum(self.widths)
+
+    def pack(self) -> torch.Tensor:
+        """All images' tensors as ``(Σ tokens_i, width)`` rows, image after image."""
+        blocks = [
+            torch.cat(
+                [leaf[i].reshape(rows, -1).to(self.pack_dtype) for leaf in self.leaves], dim=1
+            )
+            for i, rows in enumerate(self.rows)
+        ]
+        return torch.cat(blocks, dim=0)
+
+    def unpack(self, block: torch.Tensor) -> list[torch.Tensor]:
+        """One image's tensors (one per leaf) from its ``(tokens, width)`` rows."""
+        out, pos = [], 0
+        rows = block.shape[0]
+        for width, trailing, dtype in zip(self.widths, self.trailing, self.dtypes, strict=True):
+            out.append(block[:, pos : pos + width].reshape(rows, *trailing).to(dtype))
+            pos += width
+        return out
+
+    def rebuild(self, images: Sequence[Sequence[torch.Tensor]]) -> Any:
+        """An output of the same type for ``images`` (each a list of its leaf tensors)."""
+
+        def build(spec: Any) -> Any:
+            if isinstance(spec, _Leaf):
+                return tuple(img[spec.index] for img in images)
+            if isinstance(spec, _Seq):
+                return spec.kind(build(c) for c in spec.children)
+            return None
+
+        return self.cls(**{name: build(spec) for name, spec in self.spec.items()})
+
+
+def _per_image(value: Any, n: int, rows: Sequence[int] | None) -> bool:
+    """A sequence of ``n`` tensors (with ``rows[i]`` rows each, when given)."""
+    if not isinstance(value, (list, tuple)) or len(value) != n or n == 0:
+        return False
+    for i, t in enumerate(value):
+        if not isinstance(t, torch.Tensor) or t.dim() < 1:
+            return False
+        if rows is not None and t.shape[0] != rows[i]:
+            return False
+    return True

@@ -1,0 +1,194 @@
+"""Helpers of the encoder-parallel tests: skewed VL data sets, tiny configs, torchrun."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+GLOBAL_BATCH = 8
+MICRO_BATCH = 2
+WORLD = 2
+STEPS = 5
+
+#: name -> (height, width); the tiny Qwen2.5-VL has 14-px patches merged 2×2 (28-px cells).
+IMAGE_SIZES: dict[str, tuple[int, int]] = {
+    "s56.png": (56, 56),  # 16 patches
+    "w56x84.png": (56, 84),  # 24
+    "t112x56.png": (112, 56),  # 32
+    "r84x112.png": (84, 112),  # 48
+    "r84x140.png": (84, 140),  # 60
+    "s112.png": (112, 112),  # 64
+}
+BIG = ["s112.png", "r84x140.png", "r84x112.png", "s56.png"]
+SMALL = ["w56x84.png", "t112x56.png"]
+
+
+def vl_available() -> bool:
+    """Whether the Qwen-VL adapter distribution is importable."""
+    return importlib.util.find_spec("hyper_qwen_vl") is not None
+
+
+needs_vl = pytest.mark.skipif(not vl_available(), reason="hyper-train-qwen-vl not installed")
+
+
+def write_images(root: Path) -> None:
+    """Random RGB pictures of :data:`IMAGE_SIZES` into ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, (h, w) in IMAGE_SIZES.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name)
+
+
+def conversation(images: Sequence[str], i: int) -> dict[str, Any]:
+    """A one-turn conversation with ``images`` (relative paths) and a short answer."""
+    content: list[dict[str, str]] = [{"type": "image", "image": name} for name in images]
+    content.append({"type": "text", "text": f"Question {i}: what is shown?"})
+    answers = ["a red circle", "a blue square", "green", "a purple triangle", "orange"]
+    return {
+        "messages": [
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": answers[i % len(answers)]},
+        ]
+    }
+
+
+def _rank0_sample(step: int, j: int) -> list[str]:
+    """Two images per sample (4 per micro-batch), sizes rotating."""
+    a = BIG[(step + j) % len(BIG)]
+    b = BIG[(step + 2 * j + 1) % len(BIG)]
+    return [a, b]
+
+
+def layout(kind: str) -> list[list[str]]:
+    """Images of each sample, in dataset order, for :data:`STEPS` global batches.
+
+    With ``shuffle = false`` step ``s`` covers samples ``[8s, 8s+8)``: rank 0 takes the first
+    four (two micro-batches of two), rank 1 the last four.
+
+    * ``skew``: rank 0 has 4 images per micro-batch, rank 1 one (4× fewer, and smaller);
+    * ``none``: rank 0 as in ``skew``, rank 1 none at all; at step 2 rank 0's first
+      micro-batch is text-only too (a micro-step without images anywhere), at step 3 its second
+      holds a single image (below ``min_images``: no rebalancing, rank 1 runs a dummy).
+    * ``three`` (3 ranks, global batch 6, one micro-batch each): only rank 0 has images, two
+      at even steps (one rank computes nothing and runs a dummy), four at odd steps.
+    """
+    samples: list[list[str]] = []
+    if kind == "three":
+        for step in range(STEPS):
+            second = ["r84x112.png", "s56.png"] if step % 2 else []
+            samples += [["s112.png", "r84x140.png"], second, [], [], [], []]
+        return samples
+    for step in range(STEPS):
+        rank0 = [_rank0_sample(step, j) for j in range(4)]
+        if kind == "skew":
+            small = SMALL[step % len(SMALL)]
+            rank1: list[list[str]] = [[small], [], [SMALL[(step + 1) % 2]], []]
+        elif kind == "none":
+            rank1 = [[], [], [], []]
+            if step == 2:
+                rank0[0], rank0[1] = [], []
+            if step == 3:
+                rank0[2], rank0[3] = ["s56.png"], []
+        else:
+            raise ValueError(kind)
+        samples += rank0 + rank1
+    return samples
+
+
+def write_dataset(root: Path, kind: str) -> Path:
+    """``root/<kind>.jsonl`` (images in ``root``)."""
+    write_images(root)
+    path = root / f"{kind}.jsonl"
+    rows = [json.dumps(conversation(imgs, i)) for i, imgs in enumerate(layout(kind))]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def vl_config(out: Path, data: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """Tiny ``qwen2_5_vl`` run on ``data``: 5 steps of 8 samples, 2 per micro-batch."""
+    cfg: dict[str, Any] = {
+        "run": {"output_dir": str(out), "seed": 0},
+        "model": {"adapter": "qwen2_5_vl", "config": "tiny"},
+        "data": {
+            "train": str(data),
+            "max_seq_len": 512,
+            "batching": "packed",
+            "shuffle": False,
+            "num_workers": 0,
+        },
+        "training": {
+            "steps": STEPS,
+            "global_batch_size": GLOBAL_BATCH,
+            "micro_batch_size": MICRO_BATCH,
+            "lr": 1e-3,
+            "warmup_steps": 0,
+        },
+        "logging": {"every_steps": 1, "progress": "none"},
+        "checkpoint": {"resume": "none"},
+    }
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    return cfg
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """A clean environment for rank processes: one thread each, this folder importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_", "WORLD_"))}
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def torchrun(
+    script: Path, args: Sequence[str], nproc: int = WORLD, *, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", str(script), *args]
+    return subprocess.run(
+        cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def hyper_train(args: Sequence[str], *, timeout: float = 300, **env: str) -> Any:
+    """``python -m hyper_core ARGS`` in a subprocess; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "hyper_core", *args],
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def read_losses(out: Path) -> dict[int, float]:
+    """``step -> loss`` from ``metrics.jsonl``."""
+    found = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            found[int(record["step"])] = float(record["loss"])
+    return found
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl``."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,57 @@
+"""Runs several training jobs in one ``torch.distributed.run`` launch.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 ep_worker.py JOBS.json
+
+``JOBS.json`` maps a job name to ``{"config": RAW_CONFIG, "exclude": [entry points]}``: the job
+runs with every installed plugin except ``exclude`` (through the ``HYPER_TRAIN_PLUGINS``
+filter), plus the gradient probe :mod:`ep_probe`. Each rank writes ``ep_stats-rank<R>.json``
+(the balancer's counters, or null without one) into the job's output_dir; rank 0 the resolved
+``config.toml``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+
+def main(jobs_file: str) -> None:
+    import torch.distributed as dist
+
+    from hyper_core.config import dump_config, load_config_dict
+    from hyper_core.plugins.manager import ENTRY_POINT_GROUP, FILTER_ENV, PluginHost
+    from hyper_core.trainer.trainer import Trainer
+
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.ERROR)
+    names = sorted({ep.name for ep in md.entry_points(group=ENTRY_POINT_GROUP)})
+    for job in json.loads(Path(jobs_file).read_text()).values():
+        exclude = set(job.get("exclude", ()))
+        if exclude:
+            os.environ[FILTER_ENV] = ",".join(n for n in names if n not in exclude)
+        host = PluginHost(extra_modules=["ep_probe"], strict=True)
+        os.environ.pop(FILTER_ENV, None)
+        config = load_config_dict(job["config"], sections=host.registries.config_sections)
+        out = Path(config.run.output_dir)
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.toml").write_text(dump_config(config))
+        trainer = Trainer(config, host)
+        trainer.train()
+        balancer = getattr(trainer.unwrapped_model, "_hyper_encoder_parallel", None)
+        stats = balancer.stats.to_json() if balancer is not None else None
+        (out / f"ep_stats-rank{rank}.json").write_text(json.dumps(stats))
+        del trainer
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,182 @@
+"""2 ranks (gloo, CPU), tiny Qwen2.5-VL: balancing changes where images are encoded, not what
+is learned. Per-step losses and every parameter's gradient match within 1e-5:
+
+* skewed data (rank 0 holds 4× the images of rank 1): plugin on == plugin off, ddp and fsdp2;
+* rank 1 without any image (and a micro-step without images anywhere): plugin on == one rank
+  on the same global batch (without the plugin such data breaks ddp and fsdp2: the rank
+  without images skips the encoder's collectives);
+* installed but not enabled == excluded by ``HYPER_TRAIN_PLUGINS``: bit-identical.
+
+Every job runs in one torchrun launch; a 3-rank launch covers a rank that computes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ep_helpers import (
+    HERE,
+    STEPS,
+    needs_vl,
+    read_losses,
+    read_metrics,
+    torchrun,
+    vl_config,
+    write_dataset,
+)
+
+pytestmark = [pytest.mark.slow, needs_vl]
+
+TOL = 1e-5
+ON = {"encoder_parallel": {"enabled": True}}
+
+
+def _jobs(root: Path, data: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    def job(name: str, kind: str, exclude: tuple[str, ...] = (), **sections: Any) -> Any:
+        return {"config": vl_config(root / name, data[kind], **sections), "exclude": exclude}
+
+    return {
+        "ddp-off-skew": job("ddp-off-skew", "skew", parallel={"strategy": "ddp"}),
+        "ddp-excluded-skew": job(
+            "ddp-excluded-skew", "skew", ("encoder_parallel",), parallel={"strategy": "ddp"}
+        ),
+        "ddp-on-skew": job("ddp-on-skew", "skew", parallel={"strategy": "ddp"}, **ON),
+        "ddp-on-none": job("ddp-on-none", "none", parallel={"strategy": "ddp"}, **ON),
+        "fsdp2-off-skew": job("fsdp2-off-skew", "skew", parallel={"strategy": "fsdp2"}),
+        # With activation checkpointing of the sharding units (it must not change the math).
+        "fsdp2-on-skew": job(
+            "fsdp2-on-skew",
+            "skew",
+            parallel={"strategy": "fsdp2"},
+            training={"activation_checkpointing": True},
+            **ON,
+        ),
+        # The strategy route: `encoder_parallel` over its default base, fsdp2.
+        "fsdp2-on-none": job("fsdp2-on-none", "none", parallel={"strategy": "encoder_parallel"}),
+    }
+
+
+def _train_one_rank(out: Path, raw: dict[str, Any]) -> None:
+    """The reference: one process, the whole global batch, with the gradient probe."""
+    import torch
+
+    from hyper_core.config import load_config_dict
+    from hyper_core.plugins.manager import PluginHost
+    from hyper_core.trainer.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        host = PluginHost(extra_modules=["ep_probe"], strict=True)
+        Trainer(load_config_dict(raw, sections=host.registries.config_sections), host).train()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("encoder_parallel")
+    data = {kind: write_dataset(root / "data", kind) for kind in ("skew", "none")}
+    (root / "jobs.json").write_text(json.dumps(_jobs(root, data)))
+    proc = torchrun(HERE / "ep_worker.py", [str(root / "jobs.json")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    _train_one_rank(root / "one-rank-none", vl_config(root / "one-rank-none", data["none"]))
+    return root
+
+
+def assert_same_training(a: Path, b: Path, tol: float = TOL) -> None:
+    """Same per-step losses and per-parameter gradients, within ``tol`` (0: bit-identical)."""
+    import torch
+
+    la, lb = read_losses(a), read_losses(b)
+    assert sorted(la) == list(range(1, STEPS + 1)) == sorted(lb)
+    worst_loss = max(abs(la[k] - lb[k]) for k in la)
+    ga, gb = torch.load(a / "grads.pt"), torch.load(b / "grads.pt")
+    assert sorted(ga) == sorted(gb) == list(range(1, STEPS + 1))
+    worst = 0.0
+    for step in ga:
+        assert sorted(ga[step]) == sorted(gb[step]), step
+        assert any(".visual." in name for name in ga[step])
+        for name, grad in ga[step].items():
+            worst = max(worst, (grad - gb[step][name]).abs().max().item())
+    assert worst_loss <= tol and worst <= tol, (worst_loss, worst)
+
+
+def stats(out: Path, world: int = 2) -> list[dict[str, int]]:
+    return [json.loads((out / f"ep_stats-rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_skewed_data_trains_the_same_with_the_plugin(root: Path, strategy: str) -> None:
+    on, off = root / f"{strategy}-on-skew", root / f"{strategy}-off-skew"
+    assert_same_training(on, off)
+    metrics = read_metrics(on)
+    assert len(metrics) == STEPS
+    for m in metrics:
+        assert m["encoder_parallel/imbalance_before"] > 1.5
+        assert m["encoder_parallel/imbalance_after"] <= 1.10
+        assert m["encoder_parallel/rebalanced"] == 1.0
+        assert 0 < m["encoder_parallel/images_moved"] < 1
+    assert not any(k.startswith("encoder_parallel/") for m in read_metrics(off) for k in m)
+    # Rank 0 owns 4× the images of rank 1; the ranks end up encoding about as many patches.
+    r0, r1 = stats(on)
+    assert r0["images_owned"] == 4 * r1["images_owned"]
+    assert r1["images_computed"] > r1["images_owned"]
+    assert r0["encoder_calls"] == r1["encoder_calls"] == 2 * STEPS
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_rank_without_images_trains_like_one_rank(root: Path, strategy: str) -> None:
+    on = root / f"{strategy}-on-none"
+    assert_same_training(on, root / "one-rank-none")
+    r0, r1 = stats(on)
+    assert r1["images_owned"] == 0 and r1["images_computed"] > 0
+    # Equal encoder calls on both ranks (FSDP2's block all-gathers stay matched): one per
+    # micro-step with images anywhere, none for the micro-step without images; the micro-step
+    # with a single image is not rebalanced and rank 1 runs a dummy.
+    assert r0["micro_steps"] == r1["micro_steps"] == 2 * STEPS
+    assert r0["micro_steps_with_images"] == 2 * STEPS - 1
+    assert r0["encoder_calls"] == r1["encoder_calls"] == 2 * STEPS - 1
+    assert (r0["dummy_calls"], r1["dummy_calls"]) == (0, 1)
+
+
+def test_installed_but_not_enabled_is_bit_identical(root: Path) -> None:
+    off, excluded = root / "ddp-off-skew", root / "ddp-excluded-skew"
+    assert_same_training(off, excluded, tol=0.0)
+    assert stats(off) == stats(excluded) == [None, None]
+    assert "[encoder_parallel]" in (off / "config.toml").read_text()
+    assert "[encoder_parallel]" not in (excluded / "config.toml").read_text()
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("encoder_parallel_3")
+    data = write_dataset(root / "data", "three")
+    sections: dict[str, Any] = {
+        "training": {"global_batch_size": 6},
+        "encoder_parallel": {"cost_model": "patches+attention", "attention_patches": 64},
+    }
+    job = vl_config(root / "fsdp2-3", data, parallel={"strategy": "encoder_parallel"}, **sections)
+    (root / "jobs.json").write_text(json.dumps({"fsdp2-3": {"config": job}}))
+    proc = torchrun(HERE / "ep_worker.py", [str(root / "jobs.json")], nproc=3)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    reference = vl_config(root / "one-rank", data, training={"global_batch_size": 6})
+    _train_one_rank(root / "one-rank", reference)
+    return root
+
+
+def test_three_ranks_with_one_computing_nothing(three_ranks: Path) -> None:
+    """Two images on rank 0 over three ranks: one goes to another rank, the third rank
+    encodes a dummy in the exchange; four images: every rank encodes one or more."""
+    out = three_ranks / "fsdp2-3"
+    assert_same_training(out, three_ranks / "one-rank")
+    counts = stats(out, world=3)
+    assert [c["encoder_calls"] for c in counts] == [STEPS] * 3
+    assert sum(c["images_computed"] for c in counts) == counts[0]["images_owned"] == 14
+    assert sum(c["dummy_calls"] for c in counts) == 3  # the even steps 0, 2, 4
+    for m in read_metrics(out):
+        assert m["encoder_parallel/imbalance_before"] == pytest.approx(3.0)
+        assert m["encoder_parallel/imbalance_after"] < 2.0

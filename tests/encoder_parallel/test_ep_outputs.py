@@ -1,0 +1,132 @@
+"""Moving images and encoder outputs as tensors: the layout records round-trip, and features
+computed in separate encoder calls, packed, split per image and rebuilt give every Qwen-VL
+family (and Kimi-K2.5) the same loss and gradients as its own forward (Qwen3-VL's deepstack
+features too)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ep_helpers import needs_vl, write_images
+
+from hyper_encoder_parallel.vision_io import FlatOutputs, Schema, merge_inputs
+
+FAMILIES = [
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    pytest.param(
+        "kimi_k25",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("hyper_kimi_k26") is None,
+            reason="hyper-train-kimi-k26 not installed",
+        ),
+    ),
+]
+KEYS = ("pixel_values", "image_grid_thw")
+
+
+def test_schema_header_and_records_round_trip() -> None:
+    keys = ("pixel_values", "image_grid_thw", "second_per_grid_ts")
+    image = {
+        "pixel_values": torch.randn(12, 3, 2, 2),
+        "image_grid_thw": torch.tensor([[1, 3, 4]]),
+        "second_per_grid_ts": torch.tensor([0.3], dtype=torch.float32),
+    }
+    schema = Schema.of(keys, image)
+    header = schema.header(5)
+    assert len(header) == Schema.header_len(keys) and header[0] == 5
+    again = Schema.from_header(keys, header)
+    assert again == schema
+    record = schema.record(image)
+    assert len(record) == schema.record_len and record[0] == 12
+    meta = again.metadata(record, torch.device("cpu"))
+    assert torch.equal(meta["image_grid_thw"], image["image_grid_thw"])
+    assert torch.equal(meta["second_per_grid_ts"], image["second_per_grid_ts"])  # bit-exact
+    assert again.empty_patches(7, torch.device("cpu")).shape == (7, 3, 2, 2)
+    with pytest.raises(ValueError, match="declares"):
+        Schema.of(KEYS, image)
+
+
+def _batch(family: str, image_dir: Path) -> tuple[Any, Any, dict[str, Any], dict[str, Any], int]:
+    from hyper_core.batching.base import BatchingOptions
+    from hyper_core.batching.packed import PackedRuntime
+    from hyper_core.config.schema import ModelConfig
+    from hyper_core.plugins import get_plugin_host
+
+    adapter = get_plugin_host().registries.model_adapters.get(family)()
+    model_config = ModelConfig(adapter=family, config="tiny")
+    torch.manual_seed(0)
+    model = adapter.build_model(model_config)
+    assets = adapter.build_assets(model_config)
+    source = {"file": str(image_dir / "data.jsonl"), "line": 1}
+
+    def sample(images: list[str], answer: str) -> dict[str, Any]:
+        content: list[dict[str, str]] = [{"type": "image", "image": i} for i in images]
+        content.append({"type": "text", "text": "What is it?"})
+        return {
+            "messages": [
+                {"role": "user", "content": content},
+                {"role": "assistant", "content": answer},
+            ],
+            "_source": source,
+        }
+
+    samples = [sample(["s112.png", "s56.png"], "a red circle"), sample(["r84x140.png"], "blue")]
+    features = [adapter.transform(s, assets, max_seq_len=512) for s in samples]
+    options = BatchingOptions(micro_batch_size=2, max_seq_len=512, pad_token_id=assets.pad_token_id)
+    mb = PackedRuntime(options).make_micro_batch(features)
+    return adapter, model, mb.model_inputs, mb.loss_inputs, mb.num_loss_tokens
+
+
+def _loss_and_grads(model: Any, inputs: dict[str, Any], loss_inputs: Any, n: int) -> Any:
+    from hyper_core.training.loss import causal_lm_loss
+
+    model.zero_grad(set_to_none=True)
+    loss, _ = causal_lm_loss(model(**inputs, use_cache=False), loss_inputs, n)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@needs_vl
+@pytest.mark.parametrize("family", FAMILIES)
+def test_features_from_separate_calls_reproduce_the_forward(family: str, tmp_path: Path) -> None:
+    write_images(tmp_path)
+    adapter, model, inputs, loss_inputs, n_tokens = _batch(family, tmp_path)
+    ref_loss, ref_grads = _loss_and_grads(model, inputs, loss_inputs, n_tokens)
+    vision = adapter.parallel_plan(model).vision_encoder.module
+    assert any(k.startswith(f"{vision}.") for k in ref_grads)
+
+    images = adapter.split_vision_inputs(inputs)
+    assert len(images) == 3
+    # Two "ranks": one encodes images 0 and 2, the other image 1; each packs its rows.
+    shares = [[0, 2], [1]]
+    per_image: list[Any] = [None] * len(images)
+    for share in shares:
+        out = adapter.call_vision_encoder(model, merge_inputs([images[i] for i in share], KEYS))
+        flat = FlatOutputs(out, len(share))
+        blocks = flat.pack().split(flat.rows, dim=0)
+        for i, block in zip(share, blocks, strict=True):
+            per_image[i] = flat.unpack(block)
+    if family.startswith("qwen3"):
+        assert len(per_image[0]) == 2  # pooler_output + one deepstack level
+    rebuilt = flat.rebuild(per_image)
+    injected = adapter.inject_vision_outputs(inputs, rebuilt)
+    assert "pixel_values" not in injected and "image_grid_thw" in injected
+
+    from hyper_core.training.loss import causal_lm_loss
+
+    model.zero_grad(set_to_none=True)
+    loss, _ = causal_lm_loss(model(**injected, use_cache=False), loss_inputs, n_tokens)
+    loss.backward()
+    grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    assert torch.allclose(loss, ref_loss, atol=1e-6, rtol=0)
+    assert sorted(grads) == sorted(ref_grads)
+    worst = max((grads[k] - ref_grads[k]).abs().max().item() for k in grads)
+    assert worst <= 1e-5, worst
