@@ -16,6 +16,7 @@ BENCHMARKS = (
     "dataloader",
     "checkpoint",
     "vs_hf_trainer",
+    "encoder_parallel",
 )
 
 
