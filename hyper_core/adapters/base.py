@@ -118,6 +118,15 @@ class ModelAdapter:
         """Turn one raw sample into :class:`SampleFeatures`; raise ``SampleError`` if bad."""
         raise NotImplementedError
 
+    def vision_filler(self, assets: ModelAssets) -> SampleFeatures | None:
+        """A sample with one small image and no loss tokens, or None for a text model.
+
+        With several ranks, the runtime appends it to micro-batches without images so that
+        every rank runs the vision encoder in every forward (DDP/FSDP need the same
+        parameters used on every rank).
+        """
+        return None
+
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Per-image vision inputs of a micro-batch (for encoder parallelism).
 

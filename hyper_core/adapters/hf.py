@@ -221,6 +221,26 @@ class HFModelAdapter(ModelAdapter):
 
     # -- vision encoder (encoder parallelism), transformers' VL conventions -----------------
 
+    def vision_filler(self, assets: Any) -> Any:
+        """A 56×56 grey image with an empty answer, through :meth:`transform`, no labels."""
+        if self.vision_module is None:
+            return None
+        from PIL import Image
+
+        from ..batching.types import IGNORE_INDEX
+
+        image = Image.new("RGB", (56, 56), (128, 128, 128))
+        sample = {
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "image": image}]},
+                {"role": "assistant", "content": ""},
+            ],
+            "meta": {"filler": True},
+        }
+        features = self.transform(sample, assets, max_seq_len=1 << 20)
+        features.labels.fill_(IGNORE_INDEX)
+        return features
+
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image."""
         if self.vision_module is None:

@@ -34,6 +34,10 @@ class BatchingRuntime:
 
     def __init__(self, options: BatchingOptions) -> None:
         self.options = options
+        #: A sample with one small image and no loss, added to every micro-batch that has no
+        #: image when several ranks train a VL model: each rank's forward then runs the
+        #: vision encoder, so DDP/FSDP collectives stay in step (set by the trainer).
+        self.vision_filler: SampleFeatures | None = None
 
     def split(self, features: Sequence[SampleFeatures]) -> list[list[SampleFeatures]]:
         """Group a step's samples into micro-batches (default: ``micro_batch_size`` each)."""
@@ -42,7 +46,21 @@ class BatchingRuntime:
 
     def collate(self, features: Sequence[SampleFeatures]) -> list[MicroBatch]:
         """The micro-batches of one step."""
-        return [self.make_micro_batch(group) for group in self.split(features) if group]
+        return [self.with_filler(group) for group in self.split(features) if group]
+
+    def with_filler(self, group: list[SampleFeatures]) -> MicroBatch:
+        """:meth:`make_micro_batch`, with :attr:`vision_filler` appended to an image-less
+        group; the filler's tokens count as padding and its meta says ``filler``."""
+        filler = self.vision_filler
+        if filler is None or any(f.num_images for f in group):
+            return self.make_micro_batch(group)
+        mb = self.make_micro_batch([*group, filler])
+        mb.num_samples -= 1
+        mb.num_images -= filler.num_images
+        mb.num_tokens -= filler.length
+        mb.num_padding += filler.length
+        mb.meta[-1] = {"filler": True}
+        return mb
 
     def make_micro_batch(self, features: Sequence[SampleFeatures]) -> MicroBatch:
         """Lay out one micro-batch's tensors."""

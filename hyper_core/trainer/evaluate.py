@@ -72,6 +72,8 @@ def run_evaluation(trainer: Trainer) -> dict[str, Any]:
             tokens += int(mask.sum())
             hits = (logits.argmax(-1) == labels) | ~mask
             for (row, start, end), meta in zip(sample_rows(mb, labels), mb.meta, strict=False):
+                if (meta or {}).get("filler"):
+                    continue
                 ok = int(bool(hits[row, start:end].all()))
                 for key in ("all", (meta or {}).get("question_type")):
                     if key is not None:

@@ -105,6 +105,10 @@ class Trainer:
             registries=self.registries,
         )
         self.runtime = resolve_runtime(cfg, self.adapter, self.assets, self.registries)
+        if self.dist.world_size > 1:
+            plan = self.adapter.parallel_plan(self.unwrapped_model)
+            if plan.vision_encoder is not None:
+                self.runtime.vision_filler = self.adapter.vision_filler(self.assets)
         self.collate_fn = self._stage(
             "build_collate_fn", config=cfg, runtime=self.runtime, assets=self.assets
         )

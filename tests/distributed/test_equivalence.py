@@ -25,6 +25,54 @@ from dist_helpers import (
 pytestmark = pytest.mark.slow
 
 
+def mixed_vl_data(root: Path) -> str:
+    """JSONL where, per global batch of 8 (no shuffle), rank 0's 4 samples have images and
+    rank 1's 4 have none: rank 1's forwards need the vision filler to stay in step."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    colours = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+    for name, rgb in colours.items():
+        Image.new("RGB", (56 + 28 * len(name) % 56, 56), rgb).save(root / f"{name}.png")
+    lines = []
+    for block in range(8):
+        for i in range(4):
+            name = list(colours)[(block + i) % 3]
+            lines.append(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image", "image": f"{name}.png"},
+                                {"type": "text", "text": "What colour?"},
+                            ],
+                        },
+                        {"role": "assistant", "content": name},
+                    ]
+                }
+            )
+        for i in range(4):
+            lines.append(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Repeat: word{block}{i}"},
+                        {"role": "assistant", "content": f"word{block}{i}"},
+                    ]
+                }
+            )
+    path = root / "mixed.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def mixed_vl_config(out: Path, data_root: Path, **sections: Any) -> dict[str, Any]:
+    """The tiny VL run on :func:`mixed_vl_data`."""
+    return model_config(
+        "vl", out, data={"train": mixed_vl_data(data_root), "shuffle": False}, **sections
+    )
+
+
 def _jobs(root: Path) -> dict[str, dict[str, Any]]:
     jobs = {
         # ddp with async checkpoints every 3 steps: background saves overlap training steps.
@@ -58,6 +106,12 @@ def _jobs(root: Path) -> dict[str, dict[str, Any]]:
             name = f"vl-{strategy}"
             cfg = model_config("vl", root / name, parallel={"strategy": strategy})
             jobs[name] = {"config": cfg}
+            mixed = f"vl-mixed-{strategy}"
+            jobs[mixed] = {
+                "config": mixed_vl_config(
+                    root / mixed, root / "mixed-data", parallel={"strategy": strategy}
+                )
+            }
     return jobs
 
 
@@ -83,6 +137,10 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out = tmp_path_factory.mktemp(f"one-rank-{model}")
         train_here(model_config(model, out))
         refs[model] = out
+    if vl_available():
+        out = tmp_path_factory.mktemp("one-rank-vl-mixed")
+        train_here(mixed_vl_config(out, out / "data"))
+        refs["vl-mixed"] = out
     return refs
 
 
@@ -100,6 +158,17 @@ def test_two_ranks_match_one_rank(
     # Rank 0 alone writes metrics: one record per step.
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_rank_without_images_stays_in_step(
+    two_ranks: Path, one_rank: dict[str, Path], strategy: str
+) -> None:
+    if "vl-mixed" not in one_rank:
+        pytest.fail("the Qwen-VL adapter is not installed")
+    out = two_ranks / f"vl-mixed-{strategy}"
+    assert_close(losses(out), losses(one_rank["vl-mixed"]), 1e-4)
+    assert_close(grad_norms(out), grad_norms(one_rank["vl-mixed"]), 1e-4)
 
 
 def test_hsdp_matches_one_rank(two_ranks: Path, one_rank: dict[str, Path]) -> None:

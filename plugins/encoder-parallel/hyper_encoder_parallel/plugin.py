@@ -55,7 +55,14 @@ def _is_ours(strategy: Any) -> bool:
 
 @hookimpl
 def on_stage_end(stage: str, result: Any, trainer: Any) -> None:
-    """After ``build_model``: bind the ``encoder_parallel`` strategy to its base."""
+    """After ``build_model``: bind the ``encoder_parallel`` strategy to its base. After
+    ``build_collate_fn``: drop the core's vision filler, since the balancer itself makes every
+    rank run the encoder (also a rank that owns no image)."""
+    if stage == "build_collate_fn":
+        settings = settings_of(trainer.config)
+        if (settings.enabled or _is_ours(trainer.strategy)) and trainer.dist.world_size > 1:
+            trainer.runtime.vision_filler = None
+        return
     if stage != "build_model" or not _is_ours(trainer.strategy):
         return
     from hyper_core.builtin.resolve import named
