@@ -123,7 +123,6 @@ def test_error_dumps_what_was_recorded(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_cuda_run_writes_a_snapshot(tmp_path: pathlib.Path) -> None:
     cfg = write_config(tmp_path / "c.toml", tmp_path / "out", extra=PROFILER_ON)
     run_in_process(cfg)
