@@ -24,12 +24,22 @@ def vl_available() -> bool:
     return importlib.util.find_spec("hyper_qwen_vl") is not None
 
 
-#: Model families the equivalence tests run on; the VL one only when its adapter is installed.
+def kimi_available() -> bool:
+    """Whether the Kimi adapter distribution is importable."""
+    return importlib.util.find_spec("hyper_kimi_k26") is not None
+
+
+#: Model families the equivalence tests run on; the adapter ones when they are installed
+#: (``scripts/setup.sh`` installs them all).
 MODELS = [
     "text",
     pytest.param(
         "vl",
         marks=pytest.mark.skipif(not vl_available(), reason="hyper-train-qwen-vl not installed"),
+    ),
+    pytest.param(
+        "kimi",
+        marks=pytest.mark.skipif(not kimi_available(), reason="hyper-train-kimi-k26 not installed"),
     ),
 ]
 
@@ -69,9 +79,17 @@ def vl_config(out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
     return _merge(cfg, sections)
 
 
+def kimi_config(out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`vl_config` with the tiny Kimi-K2.5 (MLA + MoE text model, MoonViT tower)."""
+    cfg = vl_config(out, **sections)
+    cfg["model"] = {**cfg["model"], "adapter": "kimi_k25", "config": "tiny"}
+    return cfg
+
+
 def model_config(model: str, out: Path, **sections: Mapping[str, Any]) -> dict[str, Any]:
-    """``text_config`` or ``vl_config``."""
-    return (text_config if model == "text" else vl_config)(out, **sections)
+    """``text_config``, ``vl_config`` or ``kimi_config``."""
+    build = {"text": text_config, "vl": vl_config, "kimi": kimi_config}[model]
+    return build(out, **sections)
 
 
 def write_toml(raw: Mapping[str, Any], path: Path) -> Path:

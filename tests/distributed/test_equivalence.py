@@ -13,6 +13,7 @@ from dist_helpers import (
     MODELS,
     assert_close,
     grad_norms,
+    kimi_available,
     losses,
     model_config,
     one_thread,  # noqa: F401
@@ -101,6 +102,12 @@ def _jobs(root: Path) -> dict[str, dict[str, Any]]:
             )
         },
     }
+    if kimi_available():
+        for strategy in ("ddp", "fsdp2"):
+            name = f"kimi-{strategy}"
+            jobs[name] = {
+                "config": model_config("kimi", root / name, parallel={"strategy": strategy})
+            }
     if vl_available():
         for strategy in ("ddp", "fsdp2"):
             name = f"vl-{strategy}"
@@ -133,7 +140,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """1-rank reference runs (this process), per model family."""
     refs = {}
-    for model in ("text", "vl") if vl_available() else ("text",):
+    models = ["text"] + ["vl"] * vl_available() + ["kimi"] * kimi_available()
+    for model in models:
         out = tmp_path_factory.mktemp(f"one-rank-{model}")
         train_here(model_config(model, out))
         refs[model] = out
