@@ -1,7 +1,9 @@
 """A base for image + text processors of VL adapters (images only, offline, no torchvision).
 
-Subclasses set :attr:`image_token` (the placeholder expanded per image) and implement
-:meth:`process_images`, :meth:`num_image_tokens` and :meth:`image_token_ids`; this class gives
+Subclasses set :attr:`image_token` (the placeholder expanded per image) and
+``image_token_id``, and implement :meth:`process_images`, :meth:`num_image_tokens` (or
+:meth:`image_token_counts` when there is no ``image_grid_thw``) and :meth:`image_token_ids`;
+:func:`hyper_core.data.multimodal.tokenize_multimodal` uses them, and this class gives
 the HF-processor-like API used for inference and export: ``__call__``, ``apply_chat_template``,
 ``decode``/``batch_decode`` and ``save_pretrained``.
 """
@@ -21,6 +23,8 @@ class ImageTextProcessor:
     """Tokenizer + image processor; ``image_token`` in a text is expanded per image."""
 
     image_token: ClassVar[str] = ""
+    #: The id of the token repeated per image feature (set by subclasses).
+    image_token_id: int
 
     def __init__(self, image_processor: Any, tokenizer: Any) -> None:
         self.image_processor = image_processor
@@ -43,6 +47,10 @@ class ImageTextProcessor:
     def num_image_tokens(self, image_grid_thw: torch.Tensor) -> list[int]:
         """LLM tokens per image."""
         raise NotImplementedError
+
+    def image_token_counts(self, media: dict[str, torch.Tensor]) -> list[int]:
+        """LLM tokens per image of :meth:`process_images`' output (from ``image_grid_thw``)."""
+        return self.num_image_tokens(media["image_grid_thw"])
 
     def image_token_ids(self, num_tokens: int) -> list[int]:
         """The ids that stand for one image of ``num_tokens`` features."""
@@ -74,7 +82,7 @@ class ImageTextProcessor:
         if images:
             vision = self.process_images(images)
             data.update(vision)
-            counts = self.num_image_tokens(vision["image_grid_thw"])
+            counts = self.image_token_counts(vision)
         idx = 0
         expanded = []
         for t in texts:

@@ -371,48 +371,11 @@ class KimiK25Adapter(HFModelAdapter):
     ) -> SampleFeatures:
         """Raw sample → :class:`SampleFeatures` (see the module docstring); ``SampleError``
         ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
-        import torch
-
-        from hyper_core.batching.types import SampleFeatures
-        from hyper_core.data.chat import tokenize_conversation
-        from hyper_core.data.conversation import load_images, parse_conversation
-        from hyper_core.data.errors import SampleError
+        from hyper_core.data.multimodal import tokenize_multimodal
 
         processor: KimiProcessor = assets.processor
-        conv = parse_conversation(sample)
-        images = load_images(conv)
-        media: dict[str, torch.Tensor] = {}
-        counts: list[int] = []
-        if images:
-            media = processor.process_images(images)
-            counts = processor.num_image_tokens(media["image_grid_thw"])
-
-        def image_tokens(index: int, _part: Any) -> list[int]:
-            return processor.image_token_ids(counts[index])
-
-        tok = tokenize_conversation(
-            conv,
-            processor.tokenizer,
-            self.chat_format,
-            image_tokens=image_tokens,
-            max_seq_len=max_seq_len,
-        )
-        input_ids = torch.tensor(tok.input_ids, dtype=torch.long)
-        found = int((input_ids == processor.image_token_id).sum())
-        if found != sum(counts):
-            # e.g. the text itself contains "<|media_pad|>"
-            raise SampleError(
-                "image_token_mismatch",
-                f"{found} image tokens in the text but {sum(counts)} image features "
-                f"({len(counts)} images)",
-            )
-        return SampleFeatures(
-            input_ids=input_ids,
-            labels=torch.tensor(tok.labels, dtype=torch.long),
-            media=media,
-            num_images=len(images),
-            meta=dict(sample.get("meta") or {}),
-        )
+        tok = tokenize_multimodal(sample, processor, self.chat_format, max_seq_len=max_seq_len)
+        return tok.features(sample)
 
     # -- export ---------------------------------------------------------------------------------
 

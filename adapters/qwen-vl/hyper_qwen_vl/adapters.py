@@ -183,63 +183,26 @@ class QwenVLAdapter(HFModelAdapter):
     ) -> SampleFeatures:
         """Raw sample → :class:`SampleFeatures` (see the module docstring); ``SampleError``
         ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
-        import torch
-
-        from hyper_core.batching.types import SampleFeatures
-        from hyper_core.data.chat import tokenize_conversation
-        from hyper_core.data.conversation import load_images, parse_conversation
         from hyper_core.data.errors import SampleError
+        from hyper_core.data.multimodal import tokenize_multimodal
 
         from .rope import text_and_mrope_position_ids
 
         processor: QwenVLProcessor = assets.processor
-        conv = parse_conversation(sample)
-        images = load_images(conv)
-        media: dict[str, torch.Tensor] = {}
-        counts: list[int] = []
-        if images:
-            try:
-                media = processor.process_images(images)
-            except ValueError as exc:  # e.g. an aspect ratio above 200
-                raise SampleError("bad_image", str(exc)) from None
-            counts = processor.num_image_tokens(media["image_grid_thw"])
-
-        def image_tokens(index: int, _part: Any) -> list[int]:
-            return processor.image_token_ids(counts[index])
-
-        tok = tokenize_conversation(
-            conv,
-            processor.tokenizer,
-            self.chat_format,
-            image_tokens=image_tokens,
-            max_seq_len=max_seq_len,
-        )
-        input_ids = torch.tensor(tok.input_ids, dtype=torch.long)
-        is_image = input_ids == processor.image_token_id
-        if int(is_image.sum()) != sum(counts):
-            # e.g. the text itself contains "<|image_pad|>"
-            raise SampleError(
-                "image_token_mismatch",
-                f"{int(is_image.sum())} image tokens in the text but {sum(counts)} image "
-                f"features ({len(counts)} images)",
-            )
+        tok = tokenize_multimodal(sample, processor, self.chat_format, max_seq_len=max_seq_len)
         try:
             positions = text_and_mrope_position_ids(
-                input_ids,
-                media.get("image_grid_thw"),
+                tok.input_ids,
+                tok.media.get("image_grid_thw"),
                 image_token_id=processor.image_token_id,
                 spatial_merge_size=processor.merge_size,
             )
         except ValueError as exc:
             raise SampleError("image_token_mismatch", str(exc)) from None
-        return SampleFeatures(
-            input_ids=input_ids,
-            labels=torch.tensor(tok.labels, dtype=torch.long),
+        return tok.features(
+            sample,
             position_ids=positions,
-            token_fields={"mm_token_type_ids": is_image.long()},
-            media=media,
-            num_images=len(images),
-            meta=dict(sample.get("meta") or {}),
+            token_fields={"mm_token_type_ids": tok.is_image.long()},
         )
 
     # -- vision encoder (encoder parallelism) ---------------------------------------------------
