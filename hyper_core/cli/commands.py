@@ -1,4 +1,4 @@
-"""The core's subcommands: run, plugins, config, export, plot."""
+"""The core's subcommands: run, plugins, config, export, plot, new-plugin."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import PluginError, UserError
 
-CORE_COMMANDS = ("run", "plugins", "config", "export", "plot")
+CORE_COMMANDS = ("run", "plugins", "config", "export", "plot", "new-plugin")
 
 
 def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -62,6 +62,24 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     plot.add_argument("output_dir", help="the run's output_dir")
     plot.add_argument("--out", default=None, help="PNG path (default: OUTPUT_DIR/metrics.png)")
     plot.set_defaults(handler=cmd_plot)
+
+    new = sub.add_parser(
+        "new-plugin",
+        help="scaffold a plugin or model-adapter package",
+        description="Write DIR/hyper-train-NAME/: pyproject.toml with the hyper_train.plugins "
+        "entry point, the hyper_NAME package, a README and tests using hyper-train's test kit.",
+    )
+    global_options(new)
+    new.add_argument("name", help="lowercase letters, digits and hyphens, e.g. my-adapter")
+    new.add_argument(
+        "--kind",
+        choices=["plugin", "adapter"],
+        default="plugin",
+        help="plugin: hook implementations and a config section; adapter: a model adapter "
+        "(default: plugin)",
+    )
+    new.add_argument("--out", default=".", metavar="DIR", help="parent folder (default: .)")
+    new.set_defaults(handler=cmd_new_plugin)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -394,4 +412,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     out = plot_metrics(Path(args.output_dir), Path(args.out) if args.out else None)
     print(f"wrote {out}")
+    return 0
+
+
+# -- new-plugin -----------------------------------------------------------------------------
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    """``hyper-train new-plugin NAME --kind plugin|adapter [--out DIR]``."""
+    from ..scaffold import render, scaffold
+
+    target = scaffold(args.name, args.kind, args.out)
+    print(f"created {target}/ ({args.kind}):")
+    for rel in render(args.name, args.kind):
+        print(f"  {rel}")
+    print("next, in the environment hyper-train runs from:")
+    print(f"  python -m pip install -e '{target}[test]'")
+    print("  hyper-train plugins")
+    print(f"  python -m pytest {target / 'tests'}")
     return 0
