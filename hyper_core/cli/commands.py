@@ -296,7 +296,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_run_config(args)  # fail fast, once, on a bad config
         return _launch_torchrun(args)
     if not under_torchrun:
-        return _run_here(args)
+        _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
+        return 0
     _quiet_other_ranks(args.debug)
     try:
         stopped = _run_here(args) == EXIT_STOPPED

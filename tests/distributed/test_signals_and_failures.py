@@ -84,3 +84,34 @@ def test_sigterm_to_the_launcher_saves_exits_zero_and_resumes(tmp_path: Path) ->
     run = train_here(raw)
     assert run.trainer.state.global_step == stopped_at + 2
     assert sorted(losses(out))[-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+def test_sigterm_to_a_single_process_run_saves_and_exits_zero(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    toml = write_toml(
+        text_config(out, training={"steps": 500, "lr_scheduler": "constant"}),
+        tmp_path / "term.toml",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hyper_core", "run", str(toml)],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        metrics = out / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "the run logged no 2 steps in 90 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    stopped_at = max(losses(out))
+    assert stopped_at < 500
+    assert (out / "checkpoints" / f"step-{stopped_at}" / "COMPLETE").is_file(), err[-4000:]
