@@ -1,0 +1,1 @@
+"""Example hyper-train adapter for LLaVA (see docs/plugin-guide.md)."""
