@@ -16,19 +16,20 @@ import attrs
 
 from ..hookspecs import BUILD_STAGES, LIFECYCLE_EVENTS, hookimpl
 
-_DATA = Path(__file__).resolve().parents[2] / "configs" / "data"
-
 
 def tiny_text_config(output_dir: str | os.PathLike[str], **sections: Mapping[str, Any]) -> dict:
     """A raw config dict for a tiny text run (``hf_causal_lm`` ``tiny-qwen2``).
 
-    Keyword arguments update sections: ``tiny_text_config(d, training={"steps": 3})``.
+    Keyword arguments update sections: ``tiny_text_config(d, training={"steps": 3})``. The
+    data is the text demo's, written into the cache on first use (works from any install).
     """
+    from ..data.text_demo import ensure_text_demo
+
     cfg: dict[str, Any] = {
         "run": {"output_dir": str(output_dir), "seed": 0},
         "model": {"adapter": "hf_causal_lm", "config": "tiny-qwen2"},
         "data": {
-            "train": str(_DATA / "text_demo.jsonl"),
+            "train": str(ensure_text_demo("train")),
             "max_seq_len": 128,
             "batching": "packed",
         },

@@ -32,3 +32,16 @@ def test_hyper_host_fixture_is_isolated(hyper_host: Any) -> None:
     assert all(r.status != "disabled" for r in host.records.values())
     bare = hyper_host()
     assert "qwen2_5_vl" not in bare.registries.model_adapters
+
+
+def test_tiny_text_config_data_needs_no_repository(tmp_path, monkeypatch) -> None:
+    """The kit writes the text demo data into the cache, identical to the repository's copy."""
+    from pathlib import Path
+
+    from hyper_core.testing import tiny_text_config
+
+    monkeypatch.setenv("HYPER_TRAIN_CACHE", str(tmp_path / "cache"))
+    train = Path(tiny_text_config(tmp_path / "run")["data"]["train"])
+    assert train.is_relative_to(tmp_path / "cache")
+    repo = Path(__file__).resolve().parents[2] / "configs" / "data" / "text_demo.jsonl"
+    assert train.read_text() == repo.read_text()
