@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..attention import VARLEN, drop_varlen_kwargs, uses_varlen_kwargs
+from ..attention import register as register_attention
 from ..errors import ConfigError, UserError
 from ..registry import import_ref
 from .base import FlopsCount, ModelAdapter, ParallelPlan, VisionEncoderSpec
@@ -136,6 +138,8 @@ class HFModelAdapter(ModelAdapter):
             cfg = self._named_config(kwargs)
         if model_config.path is not None:
             apply_overrides(cfg, model_config.hf_overrides)
+        if model_config.attn_implementation == VARLEN:
+            register_attention()
         cfg._attn_implementation = model_config.attn_implementation
         return cfg
 
@@ -180,11 +184,22 @@ class HFModelAdapter(ModelAdapter):
                 local_files_only=True,
                 use_safetensors=True,
                 trust_remote_code=model_config.trust_remote_code,
-            )
-            return model.to(device)
-        with torch.device(device):
-            model = cls._from_config(cfg, dtype=dtype)
+            ).to(device)
+        else:
+            with torch.device(device):
+                model = cls._from_config(cfg, dtype=dtype)
+        self._keep_varlen_kwargs_from_vision(model)
         return model
+
+    def _keep_varlen_kwargs_from_vision(self, model: torch.nn.Module) -> None:
+        """Under varlen attention, stop the language model's ``cu_seq_lens_*`` at the vision
+        encoder: some ``forward``s pass all kwargs on to it (Kimi-K2.5), where they would
+        clash with the encoder's own per-image boundaries."""
+        if not uses_varlen_kwargs(model.config._attn_implementation):
+            return
+        vision = self.parallel_plan(model).vision_encoder
+        if vision is not None:
+            drop_varlen_kwargs(model.get_submodule(vision.module))
 
     @staticmethod
     def _check_weights(path: Path) -> None:
@@ -292,6 +307,8 @@ class HFModelAdapter(ModelAdapter):
         return FlopsCount(text=text, vision=6.0 * vision_params * patches)
 
     def _attention_flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> float:
+        """Per sample, Σ nᵢ²: what ``varlen``/flash attention computes on a packed row (SDPA
+        with the dense block mask spends (Σ nᵢ)², the extra being no useful work)."""
         cfg = getattr(model.config, "text_config", None) or model.config
         layers = getattr(cfg, "num_hidden_layers", 0)
         hidden = getattr(cfg, "hidden_size", 0)

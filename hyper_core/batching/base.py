@@ -21,6 +21,11 @@ class BatchingOptions:
     max_seq_len: int
     pad_token_id: int
     pad_to_multiple_of: int = 1
+    #: Give packed micro-batches each sample's boundaries as ``cu_seq_lens_q``/``cu_seq_lens_k``
+    #: (int32, cumulative) and ``max_length_q``/``max_length_k`` (int) model inputs, for varlen
+    #: attention (``varlen``, ``flash_attention_2``...). Off, models that ignore them never
+    #: see them.
+    varlen_kwargs: bool = False
 
 
 class BatchingRuntime:
@@ -72,9 +77,14 @@ class BatchingRuntime:
         """Return ``(model_inputs, loss_inputs)`` on ``device``."""
         import torch
 
+        moved: dict[int, torch.Tensor] = {}
+
         def move(value: Any) -> Any:
+            # A tensor given twice (cu_seq_lens_q/k) stays one tensor on the device.
             if isinstance(value, torch.Tensor):
-                return value.to(device, non_blocking=True)
+                if id(value) not in moved:
+                    moved[id(value)] = value.to(device, non_blocking=True)
+                return moved[id(value)]
             return value
 
         return (

@@ -17,13 +17,31 @@ from .padded import (
 from .types import IGNORE_INDEX, MicroBatch, SampleFeatures
 
 
+def boundary_kwargs(lengths: Sequence[int]) -> dict[str, Any]:
+    """Flash-attention's varlen forward kwargs for segments of ``lengths`` tokens, in order."""
+    import torch
+
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    longest = max(lengths)
+    # One tensor for q and k: the attention function converts it to host ints once per forward.
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+
+
 class PackedRuntime(BatchingRuntime):
     """Concatenates the micro-batch's samples into a single (1, ΣL) row, no attention mask.
 
     Each sample's position ids restart at its own positions; ``transformers`` derives the
     sample boundaries from them when ``attention_mask`` is None and ``use_cache=False``, so
     samples never attend to each other. With ``pad_to_multiple_of > 1`` a padding segment is
-    appended, its positions restarting at 0 (a separate "sample" with no loss).
+    appended, its positions restarting at 0 (a separate "sample" with no loss). With
+    ``varlen_kwargs`` the boundaries (padding segment included) are also given explicitly as
+    flash-attention's ``cu_seq_lens_*``/``max_length_*``.
     """
 
     name: ClassVar[str] = "packed"
@@ -64,6 +82,9 @@ class PackedRuntime(BatchingRuntime):
             **{name: torch.cat(values).unsqueeze(0) for name, values in fields.items()},
             **concat_media(features),
         }
+        if self.options.varlen_kwargs:
+            lengths = [f.length for f in features] + ([num_padding] if num_padding else [])
+            model_inputs.update(boundary_kwargs(lengths))
         return MicroBatch(
             model_inputs=model_inputs,
             loss_inputs={"labels": torch.cat(labels).unsqueeze(0)},

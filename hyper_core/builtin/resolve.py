@@ -42,6 +42,7 @@ def resolve_adapter(model_config: Any, registries: Registries) -> Any:
 
 def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registries) -> Any:
     """The batching runtime of ``[data] batching`` (default: the adapter's)."""
+    from ..attention import uses_varlen_kwargs
     from ..batching.base import BatchingOptions
 
     name = config.data.batching or adapter.default_batching
@@ -51,6 +52,7 @@ def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registri
             micro_batch_size=config.training.micro_batch_size,
             max_seq_len=config.data.max_seq_len,
             pad_token_id=assets.pad_token_id,
+            varlen_kwargs=uses_varlen_kwargs(config.model.attn_implementation),
         )
     )
 

@@ -148,7 +148,13 @@ class ModelConfig(_Section):
         default="float32", metadata=meta("Dtype the weights are created/loaded in.")
     )
     attn_implementation: str = attrs.field(
-        default="sdpa", metadata=meta("Attention implementation (`sdpa`, `eager`...).")
+        default="sdpa",
+        metadata=meta(
+            "Attention implementation: transformers' (`sdpa`, `eager`, `flash_attention_2`...) "
+            "or `varlen`, SDPA paid per sample of a packed row (exact, any device). With "
+            "`varlen` and `flash_*`, packed micro-batches carry each sample's boundaries "
+            "(`cu_seq_lens_q`...)."
+        ),
     )
     freeze: list[Literal["vision", "projector", "language"]] = attrs.field(
         factory=list, metadata=meta("Parts of the model whose parameters are not trained.")

@@ -59,19 +59,26 @@ def vl_samples(image_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def runtime(kind: str, pad_token_id: int = 0) -> Any:
-    """The core ``packed`` or ``padded`` runtime."""
+def runtime(kind: str, pad_token_id: int = 0, *, varlen_kwargs: bool = False) -> Any:
+    """The core ``packed`` or ``padded`` runtime (``varlen_kwargs``: see ``BatchingOptions``)."""
     from ..batching.base import BatchingOptions
     from ..batching.packed import PackedRuntime
     from ..batching.padded import PaddedRuntime
 
-    options = BatchingOptions(micro_batch_size=8, max_seq_len=4096, pad_token_id=pad_token_id)
+    options = BatchingOptions(
+        micro_batch_size=8,
+        max_seq_len=4096,
+        pad_token_id=pad_token_id,
+        varlen_kwargs=varlen_kwargs,
+    )
     return PackedRuntime(options) if kind == "packed" else PaddedRuntime(options)
 
 
-def micro_batch(features: Sequence[Any], kind: str, pad_token_id: int = 0) -> Any:
+def micro_batch(
+    features: Sequence[Any], kind: str, pad_token_id: int = 0, *, varlen_kwargs: bool = False
+) -> Any:
     """One micro-batch of ``features`` laid out by the core runtime ``kind``."""
-    return runtime(kind, pad_token_id).make_micro_batch(list(features))
+    return runtime(kind, pad_token_id, varlen_kwargs=varlen_kwargs).make_micro_batch(list(features))
 
 
 def loss_of(

@@ -1,0 +1,53 @@
+"""Attention implementations hyper-train registers with ``transformers``.
+
+``varlen`` (:mod:`.varlen`): torch SDPA paid per sample of a packed row. Importing this package
+imports neither torch nor transformers; :func:`register` does, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The name ``[model] attn_implementation`` gives to :func:`.varlen.varlen_attention_forward`.
+VARLEN = "varlen"
+#: Forward kwargs that carry a packed row's sample boundaries (flash-attention's names).
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+#: Implementations that read :data:`VARLEN_KWARGS` in the language model's attention layers.
+VARLEN_IMPLEMENTATIONS = frozenset(
+    {VARLEN, "flash_attention_2", "flash_attention_3", "flash_attention_4"}
+)
+
+
+def uses_varlen_kwargs(attn_implementation: str | None) -> bool:
+    """Whether micro-batches for ``attn_implementation`` should carry :data:`VARLEN_KWARGS`."""
+    return attn_implementation in VARLEN_IMPLEMENTATIONS
+
+
+def drop_varlen_kwargs(module: Any) -> Any:
+    """Make ``module`` (a vision tower) ignore :data:`VARLEN_KWARGS`: the language model's
+    boundaries, which some models' forward passes on to the tower with the other kwargs.
+
+    Returns the hook handle.
+    """
+
+    def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return args, {k: v for k, v in kwargs.items() if k not in VARLEN_KWARGS}
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def register() -> None:
+    """Register ``varlen`` with transformers' attention and mask interfaces (idempotent)."""
+    from .varlen import register as _register
+
+    _register()
+
+
+__all__ = [
+    "VARLEN",
+    "VARLEN_IMPLEMENTATIONS",
+    "VARLEN_KWARGS",
+    "drop_varlen_kwargs",
+    "register",
+    "uses_varlen_kwargs",
+]

@@ -1,0 +1,232 @@
+"""``varlen`` attention: ``scaled_dot_product_attention`` once per sample of a packed row.
+
+The sample boundaries come from ``cu_seq_lens_q``/``cu_seq_lens_k`` (cumulative lengths over
+the ``B·L`` tokens flattened, flash-attention's convention; the packed runtime adds them) or,
+without them, from ``position_ids`` restarting, where transformers' SDPA mask finds them too.
+Attention is causal within a sample unless the module says ``is_causal=False`` (vision towers),
+with the layer's sliding window if it has one. Everything that needs a real mask (padding, a
+cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so ``varlen`` computes what
+``sdpa`` computes, at Σ nᵢ² instead of (Σ nᵢ)² on a packed row, without the dense mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import VARLEN
+
+# Boundaries as Python ints, per tensor (by identity, checked against its version): every layer
+# of one forward gets the same cu_seq_lens/position_ids tensor, so the device→host copy (a sync
+# on GPU) happens once per forward, not once per layer.
+_CU_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_POSITION_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _cached(
+    cache: WeakIdKeyDictionary, tensor: torch.Tensor, compute: Callable[[], list[int] | None]
+) -> list[int] | None:
+    hit = cache.get(tensor)
+    if hit is not None and hit[0] == tensor._version:
+        return hit[1]
+    value = compute()
+    cache[tensor] = (tensor._version, value)
+    return value
+
+
+def cu_bounds(cu_seq_lens: torch.Tensor) -> list[int]:
+    """``cu_seq_lens`` as a list of ints (cached per tensor)."""
+    return _cached(_CU_BOUNDS, cu_seq_lens, lambda: [int(x) for x in cu_seq_lens.tolist()])
+
+
+def packed_bounds(position_ids: torch.Tensor, batch: int, length: int) -> list[int] | None:
+    """Segment starts over the flattened ``batch·length`` tokens where positions do not go up
+    by one (plus the end), or None when each row is one sequence (or the shape does not fit)."""
+    if position_ids.shape[-1] != length:
+        return None
+    rows = position_ids.reshape(-1, length)
+    if rows.shape[0] == 1 and batch > 1:
+        rows = rows.expand(batch, -1)
+    if rows.shape[0] != batch:
+        return None
+
+    def compute() -> list[int] | None:
+        starts = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
+        starts[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
+        idx = starts.flatten().nonzero().flatten().tolist()
+        return None if len(idx) == batch else [*idx, batch * length]
+
+    return _cached(_POSITION_BOUNDS, position_ids, compute)
+
+
+def _flatten(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, D) -> (1, H, B·L, D); a view when B == 1."""
+    b, h, n, d = x.shape
+    return x if b == 1 else x.transpose(0, 1).reshape(1, h, b * n, d)
+
+
+def segment_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_bounds: list[int],
+    k_bounds: list[int],
+    *,
+    causal: bool,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """SDPA of each segment ``[q_bounds[i], q_bounds[i+1])`` against its keys; (B, L, H, Dv)."""
+    batch, heads, q_len, _ = query.shape
+    if len(q_bounds) != len(k_bounds):
+        raise ValueError(
+            f"cu_seq_lens_q has {len(q_bounds) - 1} segments, cu_seq_lens_k {len(k_bounds) - 1}"
+        )
+    for name, bounds, x in (("q", q_bounds, query), ("k", k_bounds, key)):
+        if bounds[0] != 0 or bounds[-1] != x.shape[0] * x.shape[2]:
+            raise ValueError(
+                f"cu_seq_lens_{name} spans {bounds[0]}..{bounds[-1]}, the attention has "
+                f"{x.shape[0] * x.shape[2]} tokens (batch × length)"
+            )
+    q, k, v = _flatten(query), _flatten(key), _flatten(value)
+    gqa = heads != key.shape[1]
+    outputs = []
+    for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:]):
+        n = qb - qa
+        if n <= 0:
+            continue
+        if causal and kb - ka != n:
+            raise ValueError(f"causal segment with {n} queries and {kb - ka} keys")
+        mask = None
+        is_causal = causal
+        if causal and sliding_window is not None and n > sliding_window:
+            i = torch.arange(n, device=query.device)
+            diff = i[:, None] - i[None, :]
+            mask = (diff >= 0) & (diff < sliding_window)
+            is_causal = False
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, qa:qb],
+            k[:, :, ka:kb],
+            v[:, :, ka:kb],
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        outputs.append(out.transpose(1, 2))
+    return torch.cat(outputs, dim=1).reshape(batch, q_len, heads, value.shape[-1])
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature; ``(B, L, H, Dv)`` output, no weights."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, _, q_len, _ = query.shape
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    bounds: tuple[list[int], list[int]] | None = None
+    if attention_mask is None and q_len == key.shape[2]:
+        if cu_seq_lens_q is not None:
+            q_bounds = cu_bounds(cu_seq_lens_q)
+            k_bounds = q_bounds if cu_seq_lens_k is None else cu_bounds(cu_seq_lens_k)
+            bounds = (q_bounds, k_bounds)
+        elif position_ids is not None and (found := packed_bounds(position_ids, batch, q_len)):
+            bounds = (found, found)
+        elif causal and sliding_window is not None and q_len > sliding_window:
+            rows = [b * q_len for b in range(batch + 1)]
+            bounds = (rows, rows)
+    if bounds is None:
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    if kwargs.get("softcap") is not None:
+        raise ValueError("`varlen` attention does not support `softcap`; use `eager`")
+    out = segment_attention(
+        query,
+        key,
+        value,
+        *bounds,
+        causal=causal,
+        dropout=dropout,
+        scaling=scaling,
+        sliding_window=sliding_window,
+    )
+    return out, None
+
+
+def varlen_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: Any = 0,
+    mask_function: Callable | None = None,
+    attention_mask: torch.Tensor | None = None,
+    use_vmap: bool = False,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """transformers' mask-interface signature: None (no mask) for an unpadded, cache-free
+    forward, packed or not, which :func:`varlen_attention_forward` handles by segments;
+    otherwise SDPA's mask, for SDPA."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if (
+        attention_mask is None
+        and not use_vmap  # custom mask functions (image overlays) need the real mask
+        and q_length == kv_length
+        and isinstance(q_offset, int)
+        and isinstance(kv_offset, int)
+        and q_offset == kv_offset == 0
+    ):
+        return None
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function or causal_mask_function,
+        attention_mask=attention_mask,
+        use_vmap=use_vmap,
+        **kwargs,
+    )
+
+
+def register() -> None:
+    """Register :data:`~hyper_core.attention.VARLEN` with transformers, unless it already is
+    (a wrapper registered under the name stays)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if VARLEN not in AttentionInterface._global_mapping:
+        AttentionInterface.register(VARLEN, varlen_attention_forward)
+    if VARLEN not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(VARLEN, varlen_mask)
