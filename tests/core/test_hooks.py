@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hyper_core import hookimpl
+from hyper_core.data.text_demo import ensure_text_demo
 from hyper_core.hookspecs import BUILD_STAGES, LIFECYCLE_EVENTS
 from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
 
@@ -27,9 +28,7 @@ def test_stages_and_events_fire_in_order(tmp_path: Path) -> None:
         tmp_path / "run",
         training={"steps": 1, "global_batch_size": 4, "micro_batch_size": 4},
         data={
-            "eval": str(
-                Path(tiny_text_config(tmp_path)["data"]["train"]).with_name("text_demo_eval.jsonl")
-            ),
+            "eval": str(ensure_text_demo("eval")),
             "eval_samples": 4,
         },
     )

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from hyper_core import hookimpl
+from hyper_core.data.text_demo import ensure_text_demo
 from hyper_core.errors import UserError
 from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
 
-EVAL = str(Path(tiny_text_config(".")["data"]["train"]).with_name("text_demo_eval.jsonl"))
+EVAL = str(ensure_text_demo("eval"))
 
 
 def test_eval_runs_every_n_steps_and_at_the_end(tmp_path: Path) -> None:
@@ -36,7 +37,7 @@ def test_activation_checkpointing_does_not_change_the_loss(tmp_path: Path) -> No
         tiny_text_config(tmp_path / "b", training={"activation_checkpointing": True}), steps=3
     )
     assert ac.losses == pytest.approx(base.losses, abs=1e-6)
-    assert ac.trainer.unwrapped_model.is_gradient_checkpointing
+    assert ac.trainer.unwrapped_model.is_activation_checkpointing
 
 
 def test_bf16_autocast_trains(tmp_path: Path) -> None:
