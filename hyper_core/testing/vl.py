@@ -97,3 +97,30 @@ def loss_of(
     outputs = model(**mb.model_inputs, **kwargs)
     loss, _ = causal_lm_loss(outputs, mb.loss_inputs, float(num_loss_tokens or mb.num_loss_tokens))
     return loss
+
+
+def loss_and_grads(
+    model: Any, mb: Any, forward_kwargs: dict[str, Any] | None = None
+) -> tuple[float, dict[str, Any]]:
+    """:func:`loss_of` and the gradients it gives every parameter that receives one."""
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model, mb, forward_kwargs=forward_kwargs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def assert_same_loss_and_grads(
+    results: dict[str, tuple[float, dict[str, Any]]],
+    reference: tuple[float, dict[str, Any]],
+    atol: float = 1e-5,
+) -> None:
+    """Every ``name -> (loss, grads)`` of ``results`` equals ``reference`` (``atol``)."""
+    import torch
+
+    ref_loss, ref_grads = reference
+    for name, (loss, grads) in results.items():
+        assert abs(loss - ref_loss) <= atol, (name, loss, ref_loss)
+        assert grads.keys() == ref_grads.keys(), name
+        for key, grad in grads.items():
+            assert torch.allclose(grad, ref_grads[key], atol=atol, rtol=1e-4), (name, key)

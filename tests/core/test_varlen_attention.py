@@ -24,7 +24,7 @@ from hyper_core.builtin.hf_causal_lm import HFCausalLMAdapter
 from hyper_core.builtin.resolve import resolve_runtime
 from hyper_core.config.schema import ModelConfig
 from hyper_core.testing import isolated_host, run_tiny_training, tiny_text_config
-from hyper_core.testing.vl import loss_of, micro_batch
+from hyper_core.testing.vl import loss_and_grads, loss_of, micro_batch
 
 register()
 
@@ -257,13 +257,6 @@ def text_samples() -> list[SampleFeatures]:
         labels[: n - 1] = ids[1:]
         out.append(SampleFeatures(input_ids=ids, labels=labels))
     return out
-
-
-def loss_and_grads(model: torch.nn.Module, mb: Any) -> tuple[float, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = loss_of(model, mb)
-    loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 class Spy:

@@ -37,6 +37,26 @@ def test_a_rank_raising_in_step_3_fails_the_job_and_is_named(tmp_path: Path) -> 
     assert "step 3/10" not in err
 
 
+def sigterm_after(cmd: list[str], out: Path, steps: int) -> tuple[int, str]:
+    """Run ``cmd``, SIGTERM it once ``out`` logged ``steps`` steps; ``(returncode, stderr)``."""
+    proc = subprocess.Popen(
+        cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 90
+        metrics = out / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= steps):
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, f"the run logged no {steps} steps in 90 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
 def test_sigterm_to_the_launcher_saves_exits_zero_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     toml = write_toml(
@@ -48,26 +68,9 @@ def test_sigterm_to_the_launcher_saves_exits_zero_and_resumes(tmp_path: Path) ->
         ),
         tmp_path / "term.toml",
     )
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "hyper_core", "run", str(toml), "--nproc-per-node", "2"],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        metrics = out / "metrics.jsonl"
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-            assert launcher.poll() is None, launcher.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "the run logged no 3 steps in 90 s"
-            time.sleep(0.2)
-        launcher.send_signal(signal.SIGTERM)
-        _, err = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 0, err[-4000:]
+    cmd = [sys.executable, "-m", "hyper_core", "run", str(toml), "--nproc-per-node", "2"]
+    returncode, err = sigterm_after(cmd, out, 3)
+    assert returncode == 0, err[-4000:]
     stopped_at = max(losses(out))
     assert 3 <= stopped_at < 500
     ckpt = out / "checkpoints" / f"step-{stopped_at}"
@@ -92,26 +95,8 @@ def test_sigterm_to_a_single_process_run_saves_and_exits_zero(tmp_path: Path) ->
         text_config(out, training={"steps": 500, "lr_scheduler": "constant"}),
         tmp_path / "term.toml",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hyper_core", "run", str(toml)],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        metrics = out / "metrics.jsonl"
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "the run logged no 2 steps in 90 s"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+    returncode, err = sigterm_after([sys.executable, "-m", "hyper_core", "run", str(toml)], out, 2)
+    assert returncode == 0, err[-4000:]
     stopped_at = max(losses(out))
     assert stopped_at < 500
     assert (out / "checkpoints" / f"step-{stopped_at}" / "COMPLETE").is_file(), err[-4000:]

@@ -11,16 +11,8 @@ from kimi_helpers import model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.attention import VARLEN
-from hyper_core.testing.vl import loss_of, micro_batch
+from hyper_core.testing.vl import assert_same_loss_and_grads, loss_and_grads, loss_of, micro_batch
 from hyper_kimi_k26.adapter import KimiK25Adapter
-
-
-def loss_and_grads(model: torch.nn.Module, mb: Any) -> tuple[float, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = loss_of(model, mb)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return loss.item(), grads
 
 
 def test_packed_varlen_equals_padded(
@@ -39,11 +31,7 @@ def test_packed_varlen_equals_padded(
         "packed varlen": loss_and_grads(varlen, micro_batch(feats, "packed", varlen_kwargs=True)),
         "padded varlen": loss_and_grads(varlen, micro_batch(feats, "padded")),
     }
-    for name, (loss, grads) in results.items():
-        assert loss == pytest.approx(padded[0], abs=1e-5), name
-        assert grads.keys() == padded[1].keys(), name
-        for key, grad in grads.items():
-            assert torch.allclose(grad, padded[1][key], atol=1e-5, rtol=1e-4), (name, key)
+    assert_same_loss_and_grads(results, padded)
     assert any("vision_tower" in k for k in results["packed varlen"][1])
     # Control: the model's forward hands every kwarg to its vision tower; without the adapter's
     # hook the text boundaries reach the per-image attention, which refuses them.

@@ -12,15 +12,8 @@ from transformers import AttentionInterface
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.attention import VARLEN
 from hyper_core.attention.varlen import varlen_attention_forward
-from hyper_core.testing.vl import loss_of, micro_batch
+from hyper_core.testing.vl import assert_same_loss_and_grads, loss_and_grads, loss_of, micro_batch
 from hyper_qwen_vl.adapters import QwenVLAdapter
-
-
-def loss_and_grads(model: torch.nn.Module, mb: Any) -> tuple[float, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = loss_of(model, mb)
-    loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def test_packed_varlen_equals_padded(
@@ -50,11 +43,7 @@ def test_packed_varlen_equals_padded(
         "packed varlen": loss_and_grads(varlen, packed_mb),
         "padded varlen": loss_and_grads(varlen, micro_batch(feats, "padded")),
     }
-    for name, (loss, grads) in results.items():
-        assert loss == pytest.approx(padded[0], abs=1e-5), name
-        assert grads.keys() == padded[1].keys(), name
-        for key, grad in grads.items():
-            assert torch.allclose(grad, padded[1][key], atol=1e-5, rtol=1e-4), (name, key)
+    assert_same_loss_and_grads(results, padded)
     assert any(
         ".visual.blocks." in k and g.abs().sum() > 0 for k, g in results["packed varlen"][1].items()
     )
