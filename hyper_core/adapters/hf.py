@@ -169,7 +169,8 @@ class HFModelAdapter(ModelAdapter):
     def build_model(
         self, model_config: ModelConfig, *, device: str | torch.device = "cpu", dtype: Any = None
     ) -> torch.nn.Module:
-        """Random init from the config, or safetensors weights from ``[model] path``."""
+        """Random init from the config, or safetensors weights from ``[model] path``; patch
+        embeddings multiply single patches as a matmul (:mod:`.patch_conv`)."""
         import torch
 
         cfg = self.hf_config(model_config)
@@ -189,6 +190,9 @@ class HFModelAdapter(ModelAdapter):
             with torch.device(device):
                 model = cls._from_config(cfg, dtype=dtype)
         self._keep_varlen_kwargs_from_vision(model)
+        from .patch_conv import use_patchwise_convs
+
+        use_patchwise_convs(model)
         return model
 
     def _keep_varlen_kwargs_from_vision(self, model: torch.nn.Module) -> None:

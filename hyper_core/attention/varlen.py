@@ -12,6 +12,7 @@ cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so ``varlen`
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -92,15 +93,22 @@ def segment_attention(
                 f"cu_seq_lens_{name} spans {bounds[0]}..{bounds[-1]}, the attention has "
                 f"{x.shape[0] * x.shape[2]} tokens (batch × length)"
             )
-    q, k, v = _flatten(query), _flatten(key), _flatten(value)
+    q_sizes = [b - a for a, b in pairwise(q_bounds)]
+    k_sizes = [b - a for a, b in pairwise(k_bounds)]
+    if min(q_sizes + k_sizes, default=0) < 0:
+        raise ValueError("cu_seq_lens must not decrease")
+    # One split per tensor, not a slice per segment: each slice's backward would write a
+    # zero-filled gradient of the whole row.
+    qs = _flatten(query).split(q_sizes, dim=2)
+    ks = _flatten(key).split(k_sizes, dim=2)
+    vs = _flatten(value).split(k_sizes, dim=2)
     gqa = heads != key.shape[1]
     outputs = []
-    for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:]):
-        n = qb - qa
-        if n <= 0:
+    for q, k, v, n, m in zip(qs, ks, vs, q_sizes, k_sizes):
+        if n == 0:
             continue
-        if causal and kb - ka != n:
-            raise ValueError(f"causal segment with {n} queries and {kb - ka} keys")
+        if causal and m != n:
+            raise ValueError(f"causal segment with {n} queries and {m} keys")
         mask = None
         is_causal = causal
         if causal and sliding_window is not None and n > sliding_window:
@@ -109,9 +117,9 @@ def segment_attention(
             mask = (diff >= 0) & (diff < sliding_window)
             is_causal = False
         out = torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, qa:qb],
-            k[:, :, ka:kb],
-            v[:, :, ka:kb],
+            q,
+            k,
+            v,
             attn_mask=mask,
             dropout_p=dropout,
             is_causal=is_causal,

@@ -180,3 +180,29 @@ def test_text_chat_transform_builds_features(tok) -> None:
     assert again.input_ids.tolist() == features.input_ids.tolist()
     with pytest.raises(SampleError, match="too_long"):
         TextChatTransform(tok, QWEN_CHATML, max_seq_len=4)(sample)
+
+
+def test_piece_cache_follows_the_tokenizer() -> None:
+    """Repeated pieces come from the cache, and a tokenizer that gains tokens is re-asked."""
+    tok = build_offline_tokenizer(
+        special_tokens=list(CHATML_SPECIAL_TOKENS), chat_template=QWEN_CHATML_TEMPLATE
+    )
+    calls = []
+    encode = tok.encode
+
+    def counting_encode(text, **kwargs):
+        calls.append(text)
+        return encode(text, **kwargs)
+
+    tok.encode = counting_encode
+    conv = _conv(("user", "What colour is <|box|> the shape?"), ("assistant", "red"))
+    first = tokenize_conversation(conv, tok, QWEN_CHATML, max_seq_len=None)
+    n_first = len(calls)
+    again = tokenize_conversation(conv, tok, QWEN_CHATML, max_seq_len=None)
+    assert n_first > 0 and len(calls) == n_first  # every piece served from the cache
+    assert again == first
+    tok.add_special_tokens({"additional_special_tokens": ["<|box|>"]})
+    added = tokenize_conversation(conv, tok, QWEN_CHATML, max_seq_len=None)
+    assert len(calls) > n_first
+    assert tok.convert_tokens_to_ids("<|box|>") in added.input_ids
+    assert tok.convert_tokens_to_ids("<|box|>") not in first.input_ids

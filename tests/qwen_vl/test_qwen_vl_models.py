@@ -205,6 +205,32 @@ def test_vision_encoder_per_image(
     assert adapter.split_vision_inputs({"input_ids": mb.model_inputs["input_ids"]}) == []
 
 
+def test_patch_embedding_is_a_matmul_equal_to_the_conv(
+    family: str,
+    adapter: QwenVLAdapter,
+    assets: ModelAssets,
+    tiny_model: torch.nn.Module,
+    samples: list[dict[str, Any]],
+) -> None:
+    """The adapter's model multiplies patches as a matmul; transformers' Conv3d agrees."""
+    from hyper_core.adapters.patch_conv import PatchwiseConv3d
+
+    proj = tiny_model.get_submodule("model.visual.patch_embed.proj")
+    assert type(proj) is PatchwiseConv3d
+    mb = micro_batch(features(adapter, assets, samples), "packed")
+    pixels = mb.model_inputs["pixel_values"]
+    plain = torch.nn.Conv3d(
+        proj.in_channels,
+        proj.out_channels,
+        proj.kernel_size,
+        stride=proj.stride,
+        bias=proj.bias is not None,
+    )
+    plain.load_state_dict(proj.state_dict())
+    shaped = pixels.view(-1, proj.in_channels, *proj.kernel_size)
+    torch.testing.assert_close(proj(shaped), plain(shaped), rtol=1e-5, atol=1e-5)
+
+
 def test_flops(
     family: str,
     adapter: QwenVLAdapter,
