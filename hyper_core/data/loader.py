@@ -15,6 +15,7 @@ avoid the fork warning/deadlock of HF fast tokenizers. Batches are collated in t
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -148,6 +149,65 @@ class _CarryDataErrors(torch.utils.data.Dataset):
             return _Failed(exc)
 
 
+_ALIGN = 64  # bytes; every tensor in a packed step starts at a multiple of this
+
+
+@attrs.frozen
+class _PackedTensors:
+    """The tensors of a step's micro-batches in one shared-memory buffer.
+
+    A tensor that leaves a worker on its own costs the main process an authenticated socket
+    connection to fetch its file descriptor (about 0.7 ms each on 2 cores: 5 ms per demo step
+    of 7 tensors); one buffer per step costs one.
+    """
+
+    buffer: torch.Tensor  # uint8, in shared memory
+    #: Per micro-batch, per dict ("model_inputs"/"loss_inputs"), key → (offset, dtype, shape).
+    layout: list[dict[str, dict[str, tuple[int, torch.dtype, tuple[int, ...]]]]]
+
+    @classmethod
+    def pack(cls, micro_batches: list[MicroBatch]) -> tuple[_PackedTensors, list[MicroBatch]]:
+        """The buffer, and the micro-batches with their tensors left out (set to None)."""
+        entries = []
+        total = 0
+        layout: list[dict[str, dict[str, tuple[int, torch.dtype, tuple[int, ...]]]]] = []
+        stripped = []
+        for mb in micro_batches:
+            spots: dict[str, dict[str, tuple[int, torch.dtype, tuple[int, ...]]]] = {}
+            dicts = {}
+            for field in ("model_inputs", "loss_inputs"):
+                values = dict(getattr(mb, field))
+                spots[field] = {}
+                for key, value in values.items():
+                    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+                        spots[field][key] = (total, value.dtype, tuple(value.shape))
+                        entries.append((total, value))
+                        total += -(-value.nbytes // _ALIGN) * _ALIGN
+                        values[key] = None
+                dicts[field] = values
+            layout.append(spots)
+            stripped.append(attrs.evolve(mb, **dicts))
+        buffer = torch.empty(total, dtype=torch.uint8).share_memory_()
+        for offset, value in entries:
+            flat = value.contiguous().reshape(-1).view(torch.uint8)
+            buffer[offset : offset + flat.numel()].copy_(flat)
+        return cls(buffer, layout), stripped
+
+    def unpack(self, micro_batches: list[MicroBatch]) -> list[MicroBatch]:
+        """The micro-batches with their tensors back, as views of the buffer."""
+        out = []
+        for mb, spots in zip(micro_batches, self.layout, strict=True):
+            dicts = {}
+            for field, keys in spots.items():
+                values = dict(getattr(mb, field))
+                for key, (offset, dtype, shape) in keys.items():
+                    nbytes = math.prod(shape) * dtype.itemsize
+                    values[key] = self.buffer[offset : offset + nbytes].view(dtype).view(shape)
+                dicts[field] = values
+            out.append(attrs.evolve(mb, **dicts))
+        return out
+
+
 class _StepCollate:
     """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate."""
 
@@ -166,7 +226,9 @@ class _StepCollate:
                 skipped[item.reason] = skipped.get(item.reason, 0) + 1
             else:
                 features.append(item)
-        micro_batches = self.collate(features) if features else []
+        micro_batches: Any = self.collate(features) if features else []
+        if micro_batches and torch.utils.data.get_worker_info() is not None:
+            micro_batches = _PackedTensors.pack(micro_batches)
         return micro_batches, dict(sorted(skipped.items())), len(features)
 
 
@@ -191,7 +253,11 @@ class StepBatch:
 def _unpack(item: Any) -> tuple[list[MicroBatch], dict[str, int], int]:
     if isinstance(item, _Failed):
         raise item.error
-    return item
+    micro_batches, skipped, n = item
+    if isinstance(micro_batches, tuple):  # from a worker
+        packed, stripped = micro_batches
+        micro_batches = packed.unpack(stripped)
+    return micro_batches, skipped, n
 
 
 def _default_context(num_workers: int) -> Any:

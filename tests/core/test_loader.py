@@ -6,12 +6,13 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
 from hyper_core.batching.base import BatchingOptions
 from hyper_core.batching.padded import PaddedRuntime
-from hyper_core.batching.types import SampleFeatures
+from hyper_core.batching.types import MicroBatch, SampleFeatures
 from hyper_core.data.dataset import TransformedDataset
 from hyper_core.data.errors import SampleError
 from hyper_core.data.loader import StepBatch, StepLoader, StepSampler
@@ -162,6 +163,65 @@ def test_workers_give_identical_batches() -> None:
 
     reference = run(0)
     assert reference == run(2) == run(2, persistent=True)
+
+
+def odd_tensors_collate(features: list[SampleFeatures]) -> list[MicroBatch]:
+    """Micro-batches whose inputs hold every kind of tensor a runtime may produce."""
+    out = []
+    for f in features:
+        i = int(f.input_ids[0])
+        g = torch.Generator().manual_seed(i)
+        out.append(
+            MicroBatch(
+                model_inputs={
+                    "input_ids": f.input_ids[None],
+                    "pixel_values": torch.randn(3, 5, 7, generator=g).transpose(0, 2),
+                    "bf16": torch.randn(3, generator=g).to(torch.bfloat16),
+                    "mask": torch.rand(2, 3, generator=g) > 0.5,
+                    "int8": torch.arange(5, dtype=torch.int8) - i,
+                    "empty": torch.zeros(0, 4),
+                    "scalar": torch.tensor(float(i)),
+                    "max_length": 3,
+                    "list": [torch.tensor([i])],
+                },
+                loss_inputs={"labels": f.labels[None]},
+                num_samples=1,
+                num_tokens=len(f.input_ids),
+                num_padding=0,
+                num_loss_tokens=len(f.labels),
+            )
+        )
+    return out
+
+
+def test_tensors_from_workers_arrive_unchanged() -> None:
+    """A worker sends a step's tensors in one shared buffer; they come back equal."""
+
+    def run(num_workers: int) -> list[MicroBatch]:
+        raw = [{"i": i} for i in range(6)]
+        dataset = TransformedDataset(raw, transform)
+        loader = StepLoader(
+            dataset, odd_tensors_collate, StepSampler(6, 3, shuffle=False), num_workers=num_workers
+        )
+        return [mb for b in itertools.islice(loader, 2) for mb in b.micro_batches]
+
+    reference, received = run(0), run(1)
+    assert len(reference) == len(received) == 6
+    for want, got in zip(reference, received, strict=True):
+        for field in ("model_inputs", "loss_inputs"):
+            a, b = getattr(want, field), getattr(got, field)
+            assert a.keys() == b.keys()
+            for key, value in a.items():
+                if isinstance(value, torch.Tensor):
+                    assert b[key].dtype == value.dtype and b[key].shape == value.shape, key
+                    assert torch.equal(b[key], value), key
+                elif key == "list":
+                    assert [t.tolist() for t in b[key]] == [t.tolist() for t in value]
+                else:
+                    assert b[key] == value
+        assert attrs.evolve(got, model_inputs={}, loss_inputs={}) == attrs.evolve(
+            want, model_inputs={}, loss_inputs={}
+        )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
