@@ -13,8 +13,7 @@ takes the matmul path on single-patch inputs and the convolution otherwise. The 
 the module's own (same names and shapes), so checkpoints, sharding and export do not change.
 transformers' experimental ``fusion_config={"patch_embeddings": True}`` does the same at
 load time, but it renames the weight (``patch_embed.linear_proj``) and patches classes
-globally; this keeps the checkpoint layout.
-Import it lazily (it imports torch).
+globally; this keeps the checkpoint layout. The module imports torch: import it lazily.
 """
 
 from __future__ import annotations
