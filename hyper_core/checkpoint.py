@@ -14,7 +14,18 @@ plugins put in ``on_save_checkpoint``. RNG states are restored only on the same 
 
 Atomicity: a checkpoint is written into ``.tmp-step-N``; once every rank has finished, rank 0
 writes ``COMPLETE`` into it, renames it to ``step-N`` and then rewrites ``latest``. Folders
-without ``COMPLETE`` (torn by a crash, or still in flight) are never loaded.
+without ``COMPLETE`` (torn by a crash, or still in flight) are never loaded. A checkpoint is not
+saved at all when the weights are not finite, and a failed write (e.g. a full disk) leaves
+``latest`` where it was.
+
+Identity: ``model.json`` records the model a checkpoint holds (adapter, architecture, the HF
+config without runtime-only keys, and every parameter's full shape); a resume into another model
+is a :class:`UserError` naming what differs, before any weight is read.
+
+Validation: before loading, a checkpoint's ``.metadata``, the shard files it references (their
+sizes) and this rank's extra state are read. Under ``resume = "auto"`` an unreadable checkpoint
+is skipped with a warning for the previous complete one; an explicit path is a
+:class:`UserError` naming the file. Nothing unreadable is ever deleted automatically.
 
 ``[checkpoint] async = true`` stages the state to CPU memory (a copy, so training may go on)
 and writes it from a background thread, whose collectives use a gloo group of their own; the
@@ -27,6 +38,9 @@ All ranks must see ``output_dir`` (a shared file system on several nodes).
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import json
 import logging
 import os
 import random
@@ -34,19 +48,42 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .errors import UserError
+from .errors import RunFailed, UserError
 
 log = logging.getLogger("hyper_train")
 
 COMPLETE = "COMPLETE"
+MODEL_FILE = "model.json"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-step-"
+_CONFIG_STEP_RE = re.compile(r"^config\.step-(\d+)\.toml$")
+#: HF config keys that say how a model runs or where it came from, not which model it is.
+_RUNTIME_CONFIG_KEYS = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "_attn_implementation",
+        "attn_implementation",
+        "_attn_implementation_autoset",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
+#: A failed write with less free space than this on the file system is a full disk.
+_FULL_DISK_BYTES = 64 << 20
+#: Differences named in a mismatch message (the rest are counted).
+_SHOWN_DIFFERENCES = 3
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -70,6 +107,40 @@ def find_resume_checkpoint(root: Path) -> Path | None:
             return candidate
     complete = complete_checkpoints(root)
     return complete[-1] if complete else None
+
+
+def _step_of_name(path: Path) -> int:
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a complete checkpoint was saved at (its ``COMPLETE`` marker, else its name)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int((path / COMPLETE).read_text().strip())
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def run_config_for(checkpoint: Path) -> Path | None:
+    """The config of the run that saved ``checkpoint`` (``output_dir/checkpoints/step-N``).
+
+    A run resumed at step M writes ``config.step-M.toml`` (its first run: ``config.toml``), so
+    a checkpoint of step N was saved under the newest ``config.step-M.toml`` with M < N, else
+    under ``config.toml``. None if there is neither.
+    """
+    out = checkpoint.parent.parent
+    step = checkpoint_step(checkpoint)
+    resumed = []
+    if step is not None and out.is_dir():
+        for f in out.iterdir():
+            m = _CONFIG_STEP_RE.match(f.name)
+            if m and int(m.group(1)) < step:
+                resumed.append((int(m.group(1)), f))
+    if resumed:
+        return max(resumed)[1]
+    first = out / "config.toml"
+    return first if first.is_file() else None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -145,6 +216,251 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _runtime_free(config: Any) -> Any:
+    """``config`` (an HF config dict) without runtime-only keys, at any depth (VL sub-configs)."""
+    if isinstance(config, Mapping):
+        return {
+            str(k): _runtime_free(v) for k, v in config.items() if k not in _RUNTIME_CONFIG_KEYS
+        }
+    if isinstance(config, list | tuple):
+        return [_runtime_free(v) for v in config]
+    return config
+
+
+def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, Mapping) or not config:
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for k, v in config.items():
+        flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return flat
+
+
+def _architecture(model: Any) -> str:
+    """The model's class, not FSDP2's per-instance subclass of it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return type(model).__name__
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    return cls.__name__
+
+
+_UNSET = object()
+
+
+def _value(values: Mapping[str, Any], key: str) -> str:
+    return repr(values[key]) if key in values else "(absent)"
+
+
+def _more(items: list[str]) -> str:
+    shown = "; ".join(items[:_SHOWN_DIFFERENCES])
+    if len(items) > _SHOWN_DIFFERENCES:
+        shown += f" (and {len(items) - _SHOWN_DIFFERENCES} more)"
+    return shown
+
+
+@attrs.frozen(kw_only=True)
+class ModelIdentity:
+    """Which model a checkpoint holds (``model.json``): a resume must build the same one."""
+
+    adapter: str | None
+    architecture: str
+    #: The HF config without runtime-only keys (JSON types), None for a model without one.
+    config: dict[str, Any] | None
+    config_hash: str | None
+    #: Every state-dict entry's full (unsharded) shape.
+    shapes: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, trainer: Any, model_state: Mapping[str, Any]) -> ModelIdentity:
+        """The identity of ``trainer``'s model; ``model_state`` is its checkpoint state dict
+        (DTensor shapes are global, so any number of ranks gives the same identity)."""
+        model = trainer.unwrapped_model
+        hf_config = getattr(model, "config", None)
+        config = None
+        if hf_config is not None and hasattr(hf_config, "to_dict"):
+            config = json.loads(json.dumps(_runtime_free(hf_config.to_dict()), default=str))
+        digest = None
+        if config is not None:
+            text = json.dumps(config, sort_keys=True)
+            digest = hashlib.sha256(text.encode()).hexdigest()
+        return cls(
+            adapter=getattr(trainer.adapter, "name", None),
+            architecture=_architecture(model),
+            config=config,
+            config_hash=digest,
+            shapes={k: list(v.shape) for k, v in model_state.items() if hasattr(v, "shape")},
+        )
+
+    def to_json(self) -> str:
+        """``model.json``'s text."""
+        return json.dumps(attrs.asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelIdentity:
+        """Read ``model.json`` (``ValueError``/``KeyError``/``TypeError`` if it is not one)."""
+        raw = json.loads(text)
+        return cls(
+            adapter=raw["adapter"],
+            architecture=str(raw["architecture"]),
+            config=raw["config"],
+            config_hash=raw["config_hash"],
+            shapes={str(k): [int(d) for d in v] for k, v in raw["shapes"].items()},
+        )
+
+    def differences(self, now: ModelIdentity) -> list[str]:
+        """What differs from ``now``, saved → now; empty when it is the same model."""
+        diffs = []
+        if self.adapter != now.adapter:
+            diffs.append(f"adapter {self.adapter} → {now.adapter}")
+        if self.architecture != now.architecture:
+            diffs.append(f"architecture {self.architecture} → {now.architecture}")
+        if self.config_hash != now.config_hash:
+            old, new = _flatten(self.config or {}), _flatten(now.config or {})
+            keys = [k for k in old.keys() | new.keys() if old.get(k, _UNSET) != new.get(k, _UNSET)]
+            keys.sort(key=lambda k: (k != "model_type", k))
+            shown = [f"{k} {_value(old, k)} → {_value(new, k)}" for k in keys]
+            diffs.append(f"config {_more(shown)}")
+        shape_diffs = []
+        for name in sorted(self.shapes.keys() | now.shapes.keys()):
+            a, b = self.shapes.get(name), now.shapes.get(name)
+            if a != b:
+                shape_diffs.append(
+                    f"{name} {_value(self.shapes, name)} → {_value(now.shapes, name)}"
+                )
+        if shape_diffs:
+            diffs.append(f"parameters {_more(shape_diffs)}")
+        return diffs
+
+
+class CheckpointUnreadable(Exception):
+    """A complete checkpoint whose files cannot be read (truncated, empty, missing)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is unreadable: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` (of the first rank's failure for a DCP exception)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, Mapping) and failures:
+        inner = next(iter(failures.values()))
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    text = str(exc).strip().splitlines()
+    if text:
+        return f"{type(exc).__name__}: {text[0]}"
+    return (
+        f"{type(exc).__name__} (it ends early)" if isinstance(exc, EOFError) else type(exc).__name__
+    )
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` with an errno behind ``exc`` (DCP wraps each rank's failure)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, Mapping):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def read_extra_state(path: Path, rank: int) -> dict[str, Any]:
+    """``extra/rank-R.pt`` of ``path`` (rank 0's when saved on fewer ranks);
+    :class:`CheckpointUnreadable` naming the file when it is missing or unreadable."""
+    import torch
+
+    extra_file = path / "extra" / f"rank-{rank}.pt"
+    if not extra_file.is_file():
+        extra_file = path / "extra" / "rank-0.pt"
+    if not extra_file.is_file():
+        raise CheckpointUnreadable(path, f"{extra_file} is missing")
+    if not extra_file.stat().st_size:
+        raise CheckpointUnreadable(path, f"{extra_file} is empty")
+    try:
+        extra = torch.load(extra_file, weights_only=True)
+    except Exception as exc:
+        raise CheckpointUnreadable(path, f"{extra_file}: {_one_line(exc)}") from exc
+    if not isinstance(extra, dict) or "train_state" not in extra:
+        raise CheckpointUnreadable(path, f"{extra_file} holds no train state")
+    return extra
+
+
+def check_shards(path: Path) -> None:
+    """:class:`CheckpointUnreadable` naming the file unless ``.metadata`` reads and every shard
+    file it references is there, at least as long as the data it holds there."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata_file = path / ".metadata"
+    if not metadata_file.is_file():
+        raise CheckpointUnreadable(path, f"{metadata_file} is missing")
+    if not metadata_file.stat().st_size:
+        raise CheckpointUnreadable(path, f"{metadata_file} is empty")
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:
+        raise CheckpointUnreadable(path, f"{metadata_file}: {_one_line(exc)}") from exc
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        end = int(info.offset) + int(info.length)
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise CheckpointUnreadable(path, f"{shard} is missing")
+        have = shard.stat().st_size
+        if have < size:
+            raise CheckpointUnreadable(path, f"{shard} is truncated ({have} of {size} bytes)")
+
+
+def read_identity(path: Path) -> ModelIdentity | None:
+    """``model.json`` of ``path``; None for a checkpoint saved before identities were kept."""
+    model_file = path / MODEL_FILE
+    if not model_file.is_file():
+        return None
+    try:
+        return ModelIdentity.from_json(model_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointUnreadable(path, f"{model_file}: {_one_line(exc)}") from exc
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the file system of ``path`` (its nearest existing parent)."""
+    for p in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            st = os.statvfs(p)
+            return st.f_bavail * st.f_frsize
+    return None
+
+
+def non_finite_parameter(model: Any) -> str | None:
+    """The name of a parameter with a NaN or infinite value in this rank's part of ``model``
+    (a DTensor's local shard), or None; one device sync when all are finite."""
+    import torch
+
+    named = [
+        (n, p.to_local() if hasattr(p, "to_local") else p) for n, p in model.named_parameters()
+    ]
+    named = [(n, t) for n, t in named if t.is_floating_point() and t.numel()]
+    if not named:
+        return None
+    with torch.no_grad():
+        flags = torch.stack([torch.isfinite(t).all() for _, t in named])
+        if bool(flags.all()):
+            return None
+        return next(n for (n, _), ok in zip(named, flags.tolist(), strict=True) if not ok)
+
+
 @attrs.define
 class _Pending:
     future: Any
@@ -164,6 +480,8 @@ class Checkpointer:
         self.dist = dist
         self.root = Path(config.run.output_dir) / "checkpoints"
         self._pending: _Pending | None = None
+        #: The checkpoint chosen to resume from, once chosen (a 1-tuple: None is a choice).
+        self._resume: tuple[Path | None] | None = None
         self.last_saved_step: int | None = None
         #: Seconds of the last save (blocking part; async: until staged) and load.
         self.last_save_s: float | None = None
@@ -215,31 +533,47 @@ class Checkpointer:
             self.save(trainer)
 
     def save(self, trainer: Any) -> Path:
-        """Write ``step-N`` (all ranks take part)."""
+        """Write ``step-N`` (all ranks take part). :class:`RunFailed` when the weights are not
+        finite (nothing is written) or a write fails (the partial folder is removed); either
+        way ``latest`` and the checkpoints are left as they were."""
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         self.wait()
         t0 = time.perf_counter()
         step = trainer.state.global_step
+        self._refuse_non_finite(trainer, step)
         final_dir = self.root / f"step-{step}"
         tmp_dir = self.root / f"{_TMP_PREFIX}{step}"
-        if self.dist.is_main:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            (tmp_dir / "extra").mkdir(parents=True, exist_ok=True)
-        self.dist.barrier()
-        torch.save(self._extra_state(trainer), tmp_dir / "extra" / f"rank-{self.dist.rank}.pt")
         app = self._app_state(trainer)
-        with _quiet_single_process():
-            if self.cfg.async_save:
-                future = dcp.async_save(
-                    app, checkpoint_id=str(tmp_dir), process_group=self._async_group
-                )
-                self._pending = _Pending(
-                    future=future, tmp_dir=tmp_dir, final_dir=final_dir, step=step, started=t0
-                )
-            else:
-                dcp.save(app, checkpoint_id=str(tmp_dir))
+
+        def begin() -> None:
+            if self.dist.is_main:
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+                (tmp_dir / "extra").mkdir(parents=True, exist_ok=True)
+                identity = ModelIdentity.of(trainer, app["model"])
+                (tmp_dir / MODEL_FILE).write_text(identity.to_json())
+
+        self._agreed_write(begin, step, tmp_dir)
+        extra_file = tmp_dir / "extra" / f"rank-{self.dist.rank}.pt"
+        self._agreed_write(
+            lambda: torch.save(self._extra_state(trainer), extra_file), step, tmp_dir
+        )
+        try:
+            with _quiet_single_process():
+                if self.cfg.async_save:
+                    future = dcp.async_save(
+                        app, checkpoint_id=str(tmp_dir), process_group=self._async_group
+                    )
+                    self._pending = _Pending(
+                        future=future, tmp_dir=tmp_dir, final_dir=final_dir, step=step, started=t0
+                    )
+                else:
+                    dcp.save(app, checkpoint_id=str(tmp_dir))
+        except (Exception, CheckpointException) as exc:
+            self._raise_if_disk_error(exc, step, tmp_dir)
+            raise
         self.last_save_s = time.perf_counter() - t0
         self.last_saved_step = step
         if self._pending is None:
@@ -252,18 +586,88 @@ class Checkpointer:
             )
         return final_dir
 
+    def _refuse_non_finite(self, trainer: Any, step: int) -> None:
+        """:class:`RunFailed` (all ranks) when any rank's weights hold a NaN or an inf."""
+        bad = non_finite_parameter(trainer.model)
+        if not self.dist.any_true(bad is not None):
+            return
+        where = bad or "on another rank"
+        if self.dist.is_main or bad is not None:
+            log.error("step %d: parameter %s is not finite: checkpoint not saved", step, where)
+        raise RunFailed(
+            f"step {step}: the model's weights are not finite ({where}): checkpoint step-{step} "
+            f"not saved; {self._kept()}"
+        )
+
+    def _kept(self) -> str:
+        """What a failed save leaves, for its message."""
+        latest = self.root / "latest"
+        name = latest.read_text().strip() if latest.is_file() else None
+        if name:
+            return f"latest is still {name} ({self.root / name})"
+        return "no checkpoint was saved before"
+
+    def _agreed_write(self, write: Any, step: int, tmp_dir: Path) -> None:
+        """Run ``write`` (this rank's files); when it fails on any rank, every rank raises (a
+        collective, so no rank waits for the others): :class:`RunFailed` for an ``OSError`` or
+        a full disk, else the error itself."""
+        failure: Exception | None = None
+        try:
+            write()
+        except Exception as exc:
+            failure = exc
+        if not self.dist.any_true(failure is not None):
+            return
+        if failure is None:
+            self._write_failed(step, tmp_dir, None)
+        else:
+            self._raise_if_disk_error(failure, step, tmp_dir)
+            raise failure
+
+    def _raise_if_disk_error(self, exc: BaseException, step: int, tmp_dir: Path) -> None:
+        """After a failed DCP write: :class:`RunFailed` for an ``OSError`` or a full disk (the
+        zip writer of ``torch.save`` reports a short write as a ``RuntimeError``); the partial
+        folder is removed either way."""
+        error = _os_error(exc)
+        if error is None:
+            free = _free_bytes(tmp_dir)
+            if free is not None and free < _FULL_DISK_BYTES:
+                error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                detail = f" ({free // 1024} KiB left; {_one_line(exc)})"
+                self._write_failed(step, tmp_dir, error, detail)
+        if error is not None:
+            self._write_failed(step, tmp_dir, error)
+        if self.dist.is_main:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+
+    def _write_failed(
+        self, step: int, tmp_dir: Path, error: OSError | None, detail: str = ""
+    ) -> None:
+        if self.dist.is_main:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        if error is None:
+            cause = "another rank could not write its part"
+        else:
+            code = errno.errorcode.get(error.errno or 0, str(error.errno))
+            cause = f"{code} ({error.strerror}) at {error.filename or tmp_dir}{detail}"
+        raise RunFailed(f"could not write checkpoint step-{step}: {cause}; {self._kept()}")
+
     def _finish(self, tmp_dir: Path, final_dir: Path, step: int, t0: float) -> None:
         self.dist.barrier()  # every rank's shards and extra state are on disk
-        if self.dist.is_main:
+
+        def publish() -> None:
+            if not self.dist.is_main:
+                return
             _write_synced(tmp_dir / COMPLETE, f"{step}\n")
             if final_dir.exists():
                 shutil.rmtree(final_dir)
             os.replace(tmp_dir, final_dir)
             _fsync_dir(self.root)
             _write_synced(self.root / "latest", final_dir.name)
-            self._prune()
+            self._prune(step)
             log.info("saved checkpoint %s in %.2f s", final_dir, time.perf_counter() - t0)
-        self.dist.barrier()
+
+        self._agreed_write(publish, step, tmp_dir)
 
     def poll(self) -> None:
         """Finalise a pending async save once every rank's write has finished (collective)."""
@@ -275,64 +679,174 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Finish a pending asynchronous save (blocks until written; collective)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        pending.future.result()
+        try:
+            pending.future.result()
+        except (Exception, CheckpointException) as exc:
+            self._raise_if_disk_error(exc, pending.step, pending.tmp_dir)
+            raise
         self._finish(pending.tmp_dir, pending.final_dir, pending.step, pending.started)
 
-    def _prune(self) -> None:
+    def _prune(self, saved_step: int) -> None:
+        """Remove stale temp folders and all but the ``keep_last`` newest complete checkpoints
+        up to ``saved_step``: newer ones belong to a run this one resumed before (e.g. one
+        skipped as unreadable) and stay until a save of the same step replaces them."""
         for tmp in self.root.glob(f"{_TMP_PREFIX}*"):
             if self._pending is None or tmp != self._pending.tmp_dir:
                 shutil.rmtree(tmp, ignore_errors=True)
         keep = self.cfg.keep_last
         if not keep:
             return
-        for old in complete_checkpoints(self.root)[:-keep]:
+        upto = [c for c in complete_checkpoints(self.root) if _step_of_name(c) <= saved_step]
+        for old in upto[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- load ---------------------------------------------------------------------------------
 
-    def resume_path(self) -> Path | None:
-        """The checkpoint to resume from, per ``[checkpoint] resume``."""
+    @property
+    def _explicit(self) -> bool:
+        return self.cfg.resume not in ("auto", "none")
+
+    def _candidates(self) -> list[Path]:
+        """Checkpoints to resume from, in order of preference: the explicit one, or ``latest``
+        (else the newest complete one) and then the older complete ones, newest first."""
         resume = self.cfg.resume
         if resume == "none":
-            return None
-        if resume == "auto":
-            return find_resume_checkpoint(self.root)
-        try:
-            return resolve_checkpoint(resume)
-        except UserError as exc:
-            raise UserError(f"$.checkpoint.resume: {exc}") from None
+            return []
+        if self._explicit:
+            try:
+                return [resolve_checkpoint(resume)]
+            except UserError as exc:
+                raise UserError(f"$.checkpoint.resume: {exc}") from None
+        first = find_resume_checkpoint(self.root)
+        if first is None:
+            return []
+        older = [c for c in complete_checkpoints(self.root) if c != first]
+        older = [c for c in older if _step_of_name(c) < _step_of_name(first)]
+        return [first, *reversed(older)]
 
-    def maybe_resume(self, trainer: Any) -> Path | None:
-        """Load the checkpoint chosen by :meth:`resume_path`, if any."""
+    def _problem(self, path: Path) -> str | None:
+        """Why ``path`` cannot be loaded, agreed by all ranks (collective); None if readable."""
+        problem = None
+        try:
+            check_shards(path)
+            read_extra_state(path, self.dist.rank)
+            read_identity(path)
+        except CheckpointUnreadable as exc:
+            problem = exc.reason
+        if self.dist.any_true(problem is not None):
+            return problem or "unreadable on another rank"
+        return None
+
+    def _first_readable(
+        self, candidates: list[Path], skipped: list[tuple[Path, str]]
+    ) -> Path | None:
+        """The first readable one of ``candidates``; warns of each unreadable one skipped
+        (:class:`UserError` for an explicit path, or when none is readable)."""
+        chosen = None
+        for path in candidates:
+            problem = self._problem(path)
+            if problem is None:
+                chosen = path
+                break
+            skipped.append((path, problem))
+        if not skipped:
+            return chosen
+        if self._explicit:
+            path, problem = skipped[0]
+            raise UserError(f"$.checkpoint.resume: {problem}: checkpoint {path.name} is unreadable")
+        if chosen is None:
+            listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+            raise UserError(
+                f"$.checkpoint.resume: no readable checkpoint in {self.root} ({listed}); "
+                'repair or move them, or start afresh with resume = "none" or another output_dir'
+            )
+        if self.dist.is_main:
+            for path, problem in skipped:
+                log.warning(
+                    "checkpoint %s is unreadable (%s): falling back to %s",
+                    path.name,
+                    problem,
+                    chosen.name,
+                )
+        return chosen
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint to resume from, per ``[checkpoint] resume``: the first readable
+        candidate (collective). Chosen once: later calls return the same."""
+        if self._resume is None:
+            self._resume = (self._first_readable(self._candidates(), []),)
+        return self._resume[0]
+
+    def check_resume(self, trainer: Any) -> Path | None:
+        """The checkpoint :meth:`maybe_resume` will load (see :meth:`resume_path`), its model
+        checked against ``trainer``'s: :class:`UserError` naming what differs (collective)."""
         path = self.resume_path()
-        if path is None:
-            return None
-        self.load(trainer, path)
+        if path is not None:
+            self._check_identity(trainer, path, self._app_state(trainer)["model"])
         return path
 
+    def maybe_resume(self, trainer: Any) -> Path | None:
+        """Load the checkpoint chosen by :meth:`resume_path`, if any; under ``auto`` one that
+        fails to load gives way to the previous complete one."""
+        path = self.resume_path()
+        while path is not None:
+            try:
+                self.load(trainer, path)
+                return path
+            except CheckpointUnreadable as exc:
+                candidates = self._candidates()
+                rest = candidates[candidates.index(path) + 1 :] if path in candidates else []
+                path = self._first_readable(rest, [(path, exc.reason)])
+                self._resume = (path,)
+        return None
+
+    def _check_identity(self, trainer: Any, path: Path, model_state: Mapping[str, Any]) -> None:
+        """:class:`UserError` naming what differs when ``path`` holds another model."""
+        saved = read_identity(path)
+        if saved is None:
+            if self.dist.is_main:
+                log.info(
+                    "%s has no %s (an older checkpoint): its model is not checked", path, MODEL_FILE
+                )
+            return
+        diffs = saved.differences(ModelIdentity.of(trainer, model_state))
+        if diffs:
+            raise UserError(
+                f"$.model: checkpoint {path} holds another model ({'; '.join(diffs)}); resume "
+                'it with the [model] it was saved with, or train afresh: resume = "none", or '
+                "another output_dir"
+            )
+
     def load(self, trainer: Any, path: Path) -> None:
-        """Restore model, optimizer, scheduler, data position, RNG and plugin state."""
-        import torch
+        """Restore model, optimizer, scheduler, data position, RNG and plugin state.
+
+        :class:`UserError` when ``path`` holds another model; :class:`CheckpointUnreadable`
+        when its files cannot be read.
+        """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         t0 = time.perf_counter()
+        extra = read_extra_state(path, self.dist.rank)
         app = self._app_state(trainer)
-        with _quiet_single_process():
-            dcp.load(app, checkpoint_id=str(path))
+        self._check_identity(trainer, path, app["model"])
+        try:
+            with _quiet_single_process():
+                dcp.load(app, checkpoint_id=str(path))
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointUnreadable(path, _one_line(exc)) from exc
         set_state_dict(
             trainer.model,
             trainer.optimizer,
             model_state_dict=app["model"],
             optim_state_dict=app["optimizer"],
         )
-        extra_file = path / "extra" / f"rank-{self.dist.rank}.pt"
-        if not extra_file.is_file():
-            extra_file = path / "extra" / "rank-0.pt"
-        extra = torch.load(extra_file, weights_only=True)
         trainer.state.load_dict(extra["train_state"])
         trainer.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         trainer.dataloaders.train.load_state_dict(extra["dataloader"])

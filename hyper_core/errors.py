@@ -2,7 +2,8 @@
 
 A :class:`UserError` is something the user can fix (bad config, bad data, a missing plugin): the
 CLI prints its message on one line and exits 2, without a traceback unless ``--debug``.
-Anything else is a failed run (exit 1).
+A :class:`RunFailed` is a failed run whose cause one line states (exit 1, no traceback unless
+``--debug``). Anything else is a failed run with a traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -38,3 +39,10 @@ class PluginError(UserError):
 
 class DataError(UserError):
     """Bad training data (raised when ``[data] on_error = "raise"``, or when nothing is usable)."""
+
+
+class RunFailed(Exception):
+    """A failed run whose cause its message states in one line (e.g. a full disk): exit code 1,
+    printed without a traceback."""
+
+    exit_code = 1

@@ -92,6 +92,9 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}  # canonical key -> entry
         self._keys: dict[str, str] = {}  # any normalised name/alias -> canonical key
         self._known = known_distributions or {}
+        #: Installed distributions whose plugins were not loaded -> why (set by the host), so
+        #: that a missing name they provide is not answered with "pip install".
+        self.unavailable: dict[str, str] = {}
 
     def register(
         self,
@@ -165,12 +168,25 @@ class Registry(Generic[T]):
         installed = ", ".join(self.names()) or "none"
         msg = f"no {self.kind} named {name!r} (installed: {installed})"
         dist = self._known.get(key)
+        if dist is not None and dist in self.unavailable:
+            why = self.unavailable[dist]
+            return f"{msg}; it is provided by {dist}, which is installed but {why}"
         if dist is not None:
             return f"{msg}; it is provided by {dist}: pip install {dist}"
         close = difflib.get_close_matches(key, list(self._keys), n=1)
         if close:
             msg += f"; did you mean {self._entries[self._keys[close[0]]].name!r}?"
         return msg
+
+
+class SectionTable(dict[str, Any]):
+    """Plugin config sections by name (name -> SectionSpec), and the installed distributions
+    whose plugins were not loaded (-> why), so that a section of one is not answered with
+    "pip install"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unavailable: dict[str, str] = {}
 
 
 @attrs.define
@@ -185,7 +201,7 @@ class Registries:
         factory=lambda: Registry("parallel strategy", KNOWN_STRATEGY_DISTRIBUTIONS)
     )
     dataset_formats: Registry[Any] = attrs.field(factory=lambda: Registry("dataset format"))
-    config_sections: dict[str, Any] = attrs.field(factory=dict)  # name -> SectionSpec
+    config_sections: SectionTable = attrs.field(factory=lambda: SectionTable())
     commands: dict[str, Any] = attrs.field(factory=dict)  # name -> CommandSpec
 
     def by_hook(self) -> dict[str, Registry[Any]]:

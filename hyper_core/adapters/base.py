@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from ..batching.types import MicroBatch, SampleFeatures
     from ..config import ModelConfig
+    from ..data.conversation import Conversation
 
 
 @attrs.frozen(kw_only=True)
@@ -49,6 +50,16 @@ class FlopsCount:
     def total(self) -> float:
         """Text plus vision."""
         return self.text + self.vision
+
+
+@attrs.frozen(kw_only=True)
+class GenerationPrompt:
+    """What ``generate`` starts from: a prompt ending in the assistant header."""
+
+    #: The prompt's features (``labels`` all ignored); ``media`` and ``token_fields`` included.
+    features: SampleFeatures
+    #: Ids that end the assistant's turn (e.g. ``<|im_end|>``).
+    stop_token_ids: tuple[int, ...]
 
 
 @attrs.define(kw_only=True)
@@ -117,6 +128,36 @@ class ModelAdapter:
     ) -> SampleFeatures:
         """Turn one raw sample into :class:`SampleFeatures`; raise ``SampleError`` if bad."""
         raise NotImplementedError
+
+    def generation_prompt(
+        self, conversation: Conversation, assets: ModelAssets
+    ) -> GenerationPrompt:
+        """``conversation`` (without the answer to generate) followed by the assistant header.
+
+        By default :meth:`transform` renders the conversation plus an empty assistant turn, and
+        the prompt is cut before that turn's loss tokens (the last run of them), which are its
+        end-of-turn token(s): so the prompt is tokenised exactly as in training, images and
+        positions included.
+        """
+        from ..batching.types import IGNORE_INDEX
+
+        sample = {"messages": [*conversation.to_messages(), {"role": "assistant", "content": ""}]}
+        features = self.transform(sample, assets, max_seq_len=1 << 30)
+        loss_at = (features.labels != IGNORE_INDEX).nonzero().flatten()
+        if not len(loss_at):
+            raise NotImplementedError(
+                f"adapter {self.name!r}: its transform takes no loss on an assistant turn's end; "
+                "override generation_prompt"
+            )
+        gaps = (loss_at[1:] - loss_at[:-1] != 1).nonzero().flatten()
+        cut = int(loss_at[int(gaps[-1]) + 1 if len(gaps) else 0]) + 1
+        stop = int(features.labels[cut - 1])
+        features.input_ids = features.input_ids[:cut]
+        features.labels = features.labels[:cut].fill_(IGNORE_INDEX)
+        if features.position_ids is not None:
+            features.position_ids = features.position_ids[..., :cut]
+        features.token_fields = {k: v[:cut] for k, v in features.token_fields.items()}
+        return GenerationPrompt(features=features, stop_token_ids=(stop,))
 
     def vision_filler(self, assets: ModelAssets) -> SampleFeatures | None:
         """A sample with one small image and no loss tokens, or None for a text model.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..adapters.base import ModelAssets
 from ..adapters.hf import HFModelAdapter
+from ..errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from ..batching.types import SampleFeatures
@@ -56,8 +57,22 @@ class HFCausalLMAdapter(HFModelAdapter):
     def _config_from_dir(self, path: Path, trust_remote_code: bool) -> Any:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(
-            str(path), local_files_only=True, trust_remote_code=trust_remote_code
+        try:
+            return AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except ValueError as exc:
+            if trust_remote_code or "trust_remote_code" not in str(exc):
+                raise
+        raise ConfigError(
+            [
+                (
+                    "$.model.trust_remote_code",
+                    f"{path} is a model whose code ships in the directory (config.json "
+                    "auto_map); set trust_remote_code = true to run that code, only for a "
+                    "directory you trust",
+                )
+            ]
         )
 
     def _named_config(self, kwargs: Mapping[str, Any]) -> Any:
@@ -67,10 +82,29 @@ class HFCausalLMAdapter(HFModelAdapter):
         return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
 
     def model_cls(self, hf_config: Any, trust_remote_code: bool) -> Any:
-        """The concrete class for the config (``_from_config`` needs it)."""
+        """The concrete class for the config (``_from_config`` needs it): with
+        ``trust_remote_code``, the directory's own class when config.json ``auto_map`` names
+        one for ``AutoModelForCausalLM`` (as the Auto class would pick), else transformers'."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM._model_mapping[type(hf_config)]
+        auto_map = getattr(hf_config, "auto_map", None) or {}
+        ref = auto_map.get("AutoModelForCausalLM")
+        if trust_remote_code and ref:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            ref = ref[0] if isinstance(ref, (list, tuple)) else ref
+            return get_class_from_dynamic_module(
+                ref, hf_config._name_or_path, local_files_only=True
+            )
+        try:
+            return AutoModelForCausalLM._model_mapping[type(hf_config)]
+        except KeyError:
+            kind = getattr(hf_config, "model_type", None) or type(hf_config).__name__
+            hint = "" if trust_remote_code else "; with config.json auto_map: trust_remote_code"
+            raise UserError(
+                f"$.model: {kind!r} has no causal-LM class in transformers (nor an auto_map "
+                f"AutoModelForCausalLM entry in config.json){hint}"
+            ) from None
 
     def export_hf(self, state_dict: Any, hf_config: Any, out_dir: Any, assets: Any = None) -> None:
         """Save as the concrete causal-LM class."""
@@ -80,7 +114,8 @@ class HFCausalLMAdapter(HFModelAdapter):
             state_dict,
             hf_config,
             out_dir,
-            model_cls=self.model_cls(hf_config, False),
+            # A config of the directory's own code was only loaded with trust_remote_code on.
+            model_cls=self.model_cls(hf_config, _is_remote_code(hf_config)),
             assets=assets,
         )
 
@@ -124,3 +159,8 @@ class HFCausalLMAdapter(HFModelAdapter):
             labels=torch.tensor(tok.labels, dtype=torch.long),
             meta=dict(sample.get("meta") or {}),
         )
+
+
+def _is_remote_code(hf_config: Any) -> bool:
+    """Whether the config's class came from a model directory's code (``auto_map``)."""
+    return type(hf_config).__module__.startswith("transformers_modules")

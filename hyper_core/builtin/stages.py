@@ -90,12 +90,33 @@ def build_data_transform(config: Any, adapter: Any, assets: Any) -> Any:
     return functools.partial(adapter.transform, assets=assets, max_seq_len=config.data.max_seq_len)
 
 
+def _image_dir(value: str, base_dir: Path, where: str) -> Path:
+    path = Path(value).expanduser()
+    path = (path if path.is_absolute() else base_dir / path).resolve()
+    if not path.is_dir():
+        raise ConfigError([(where, f"image directory not found: {path}")])
+    return path
+
+
 def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[dict[str, Any]]:
+    """The source's raw samples; with ``image_dir`` (or ``[data] image_root``) each sample's
+    ``_image_dir`` says where its relative image paths resolve."""
+    from ..data.jsonl import IMAGE_DIR_KEY
     from .resolve import named
 
     fmt = named(f"$.data.{key}.format", registries.dataset_formats, source.format)
     base_dir = Path(config.source_path).parent if config.source_path else Path.cwd()
-    return list(fmt(source.path, dict(source.options), base_dir))
+    image_dir = None
+    if source.image_dir is not None:
+        image_dir = _image_dir(source.image_dir, base_dir, f"$.data.{key}.image_dir")
+    elif config.data.image_root is not None:
+        image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
+    samples = list(fmt(source.path, dict(source.options), base_dir))
+    if image_dir is not None:
+        value = str(image_dir)
+        for sample in samples:  # formats return fresh dicts
+            sample[IMAGE_DIR_KEY] = value
+    return samples
 
 
 @default

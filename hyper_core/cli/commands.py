@@ -1,4 +1,4 @@
-"""The core's subcommands: run, plugins, config, export, plot, new-plugin."""
+"""The core's subcommands: run, plugins, config, export, chat, plot, new-plugin."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PluginError, UserError
+from ..errors import PluginError, RunFailed, UserError
 
-CORE_COMMANDS = ("run", "plugins", "config", "export", "plot", "new-plugin")
+CORE_COMMANDS = ("run", "plugins", "config", "export", "chat", "plot", "new-plugin")
 
 
 def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -28,8 +28,7 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     run.add_argument("config", help="the TOML config")
     run.add_argument("--dry-run", action="store_true", help="validate and resolve, don't train")
     run.add_argument("--trace-hooks", action="store_true", help="log every hook call and its time")
-    run.add_argument("--nproc-per-node", type=int, default=None, help="processes per node")
-    run.add_argument("--nnodes", default=None, help="nodes (N or MIN:MAX), passed to torchrun")
+    _world_options(run)
     run.add_argument("--node-rank", type=int, default=None, help="this node's rank")
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     run.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
@@ -48,6 +47,7 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     global_options(config)
     config.add_argument("action", choices=["show", "validate"])
     config.add_argument("config", help="the TOML config")
+    _world_options(config)
     config.set_defaults(handler=cmd_config, accepts_overrides=True)
 
     export = sub.add_parser("export", help="write a checkpoint in the Hugging Face layout")
@@ -56,6 +56,27 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     export.add_argument("--out", required=True, help="output directory")
     export.add_argument("--config", default=None, help="the run's config (default: its copy)")
     export.set_defaults(handler=cmd_export)
+
+    chat = sub.add_parser(
+        "chat",
+        help="answer prompts with a trained model",
+        description="Load a checkpoint, a run's output_dir or an exported model and answer: "
+        "once with --prompt, else one line of stdin at a time (/image PATH attaches an image "
+        "to the next message, /clear forgets the conversation, exit or EOF ends).",
+    )
+    global_options(chat)
+    chat.add_argument("model", help="a checkpoints/step-N folder, a run's output_dir or an export")
+    chat.add_argument("--prompt", default=None, help="answer this one message and exit")
+    chat.add_argument(
+        "--image", action="append", default=[], metavar="PATH", help="attach an image (repeatable)"
+    )
+    chat.add_argument("--system", default=None, help="a system message")
+    chat.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    chat.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
+    chat.add_argument("--adapter", default=None, help="the model adapter (for an export)")
+    chat.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    chat.set_defaults(handler=cmd_chat)
 
     plot = sub.add_parser("plot", help="draw loss, lr and throughput of a run to a PNG")
     global_options(plot)
@@ -85,6 +106,16 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
 # -- helpers --------------------------------------------------------------------------------
 
 
+def _world_options(parser: argparse.ArgumentParser) -> None:
+    """``--nproc-per-node``/``--nnodes``: the world size the config is checked against."""
+    parser.add_argument("--nproc-per-node", type=int, default=None, help="processes per node")
+    parser.add_argument(
+        "--nnodes",
+        default=None,
+        help="nodes, N or MIN:MAX (the config is checked for every world size in between)",
+    )
+
+
 def plugin_host(args: argparse.Namespace) -> Any:
     """The plugin host for this invocation (``--plugin`` modules, ``--strict-plugins``)."""
     from ..plugins import get_plugin_host
@@ -103,17 +134,26 @@ def check_required_plugins(host: Any, required: list[str]) -> None:
         )
         if record is None:
             raise PluginError(f"$.run.plugins: plugin {name!r} is not installed (pip install it)")
-        if record.status in ("failed", "disabled"):
-            raise PluginError(f"$.run.plugins: plugin {name!r} is {record.status}")
+        if record.status == "disabled":
+            raise PluginError(
+                f"$.run.plugins: plugin {name!r} is installed but disabled by "
+                f"HYPER_TRAIN_PLUGINS={os.environ.get('HYPER_TRAIN_PLUGINS', '')!r}"
+            )
+        if record.status == "failed":
+            raise PluginError(f"$.run.plugins: plugin {name!r} failed to load: {record.error}")
 
 
 def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Read and validate the config with the installed plugins; returns ``(config, host)``."""
+    """Read and validate the config with the installed plugins, for the world size of
+    ``--nproc-per-node``/``--nnodes`` when given; returns ``(config, host)``."""
     from ..config import load_config
+    from ..config.world import check_world
 
     host = plugin_host(args)
     config = load_config(args.config, args.overrides, host.registries.config_sections)
     check_required_plugins(host, config.run.plugins)
+    nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
+    check_world(config, nproc, nnodes, source=str(args.config))
     return config, host
 
 
@@ -124,9 +164,15 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
 STATUS_DIR_ENV = "HYPER_TRAIN_STATUS_DIR"
 
 
+#: The module that runs torchrun without its own failure report (see its docstring).
+QUIET_TORCHRUN = "hyper_core.cli.torchrun"
+
+
 def _torchrun_command(args: argparse.Namespace) -> list[str]:
-    """The ``torch.distributed.run`` command line that re-runs this ``run`` on every rank."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}"]
+    """The ``torch.distributed.run`` command line that re-runs this ``run`` on every rank
+    (torchrun's own failure report only with ``--debug``)."""
+    torchrun = ["-m", "torch.distributed.run" if args.debug else QUIET_TORCHRUN]
+    cmd = [sys.executable, *torchrun, f"--nproc-per-node={args.nproc_per_node}"]
     if args.rdzv_endpoint:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
         if args.nnodes:
@@ -183,11 +229,16 @@ def _read_statuses(status_dir: Path) -> dict[int, dict[str, Any]]:
 
 def _launcher_exit_code(rc: int, statuses: dict[int, dict[str, Any]], nproc: int) -> int:
     """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
-    exits non-zero), 2 when the ranks failed on a user error, else 1; names failed ranks."""
+    exits non-zero), 2 when the ranks failed on a user error, else 1; names failed ranks
+    (an error several ranks share once, with the first rank that failed)."""
     failed = sorted(
         (r for r in statuses.values() if r["status"] == "failed"), key=lambda r: r["time"]
     )
+    printed: set[str] = set()
     for i, record in enumerate(failed):
+        if record["error"] in printed:
+            continue  # the same error on another rank: said once
+        printed.add(record["error"])
         first = " (first)" if i == 0 and len(failed) > 1 else ""
         print(
             f"hyper-train: rank {record['rank']}{first} failed: {record['error']}",
@@ -241,13 +292,14 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     return _launcher_exit_code(rc, statuses, args.nproc_per_node)
 
 
-def _write_status(status: str, exc: BaseException | None = None) -> None:
-    """Under the launcher: record how this rank ended (``ok``, ``stopped``, ``failed``)."""
+def _write_status(status: str, exc: BaseException | None = None) -> bool:
+    """Under the launcher: record how this rank ended (``ok``, ``stopped``, ``failed``);
+    whether it was recorded."""
     import time
 
     status_dir = os.environ.get(STATUS_DIR_ENV)
     if not status_dir or "RANK" not in os.environ:
-        return
+        return False
     record = {
         "rank": int(os.environ["RANK"]),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
@@ -256,9 +308,11 @@ def _write_status(status: str, exc: BaseException | None = None) -> None:
         "user_error": isinstance(exc, UserError),
         "time": time.time(),
     }
-    with contextlib.suppress(OSError):
-        path = Path(status_dir) / f"rank-{record['rank']}.json"
-        path.write_text(json.dumps(record))
+    try:
+        (Path(status_dir) / f"rank-{record['rank']}.json").write_text(json.dumps(record))
+    except OSError:
+        return False
+    return True
 
 
 def _quiet_other_ranks(debug: bool) -> None:
@@ -293,7 +347,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
-        load_run_config(args)  # fail fast, once, on a bad config
+        _torchrun_command(args)  # the launch options first
+        load_run_config(args)  # fail fast, once, on a bad config or one for another world size
         return _launch_torchrun(args)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
@@ -301,6 +356,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _quiet_other_ranks(args.debug)
     try:
         stopped = _run_here(args) == EXIT_STOPPED
+    except (UserError, RunFailed) as exc:
+        if not _write_status("failed", exc) or args.debug:
+            raise
+        return exc.exit_code  # the launcher prints it, once for all ranks
     except BaseException as exc:
         _write_status("failed", exc)
         import logging
@@ -334,9 +393,11 @@ def _run_here(args: argparse.Namespace) -> int:
         return 0
     if args.trace_hooks:
         _trace_hooks(host)
+    from ..trainer.progress import library_bars
     from ..trainer.run import run_training
 
-    trainer = run_training(config, host)
+    with library_bars(config):
+        trainer = run_training(config, host)
     return EXIT_STOPPED if trainer.state.stop_requested else 0
 
 
@@ -376,12 +437,28 @@ def cmd_config(args: argparse.Namespace) -> int:
     """``hyper-train config show|validate CONFIG``."""
     from ..config import dump_config
 
-    config, _ = load_run_config(args)
+    config, host = load_run_config(args)
     if args.action == "show":
-        sys.stdout.write(dump_config(config))
+        sys.stdout.write(dump_config(_with_resolved_adapter(config, host)))
     else:
         print(f"{args.config}: ok")
     return 0
+
+
+def _with_resolved_adapter(config: Any, host: Any) -> Any:
+    """``[model] adapter`` filled in from the model directory's config.json, as a run would
+    resolve it (left unset when the directory is not here to read)."""
+    import attrs
+
+    from ..builtin.resolve import resolve_adapter
+
+    if config.model.adapter is not None:
+        return config
+    try:
+        adapter = resolve_adapter(config.model, host.registries)
+    except UserError:
+        return config
+    return attrs.evolve(config, model=attrs.evolve(config.model, adapter=adapter.name))
 
 
 # -- export ---------------------------------------------------------------------------------
@@ -389,19 +466,59 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``hyper-train export CHECKPOINT --out DIR``."""
-    from ..checkpoint import resolve_checkpoint
+    from ..checkpoint import resolve_checkpoint, run_config_for
     from ..config import load_config
     from ..export import export_checkpoint
 
     ckpt = resolve_checkpoint(args.checkpoint)
-    config_path = Path(args.config) if args.config else ckpt.parent.parent / "config.toml"
-    if not config_path.is_file():
-        raise UserError(f"{config_path}: no config found for {ckpt} (pass --config)")
+    config_path = Path(args.config) if args.config else run_config_for(ckpt)
+    if config_path is None or not config_path.is_file():
+        missing = config_path or ckpt.parent.parent / "config.toml"
+        raise UserError(f"{missing}: no config found for {ckpt} (pass --config)")
     host = plugin_host(args)
     config = load_config(config_path, (), host.registries.config_sections)
     out = export_checkpoint(config, host, ckpt, Path(args.out))
     print(f"exported {ckpt} to {out}")
     return 0
+
+
+# -- chat -----------------------------------------------------------------------------------
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``hyper-train chat MODEL [--image PATH] [--prompt TEXT]``."""
+    from ..inference import GenerationSettings, chat_lines, check_image, load_chat_model
+
+    images = [check_image(p, "--image") for p in args.image]
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens: expected at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise UserError(f"--temperature: expected at least 0, got {args.temperature}")
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    chat = load_chat_model(
+        args.model,
+        plugin_host(args),
+        config_path=args.config,
+        adapter=args.adapter,
+        device=args.device,
+    )
+    lines = [args.prompt] if args.prompt is not None else _stdin_lines()
+    for answer in chat_lines(chat, lines, images=images, system=args.system, settings=settings):
+        print(answer, flush=True)
+    return 0
+
+
+def _stdin_lines() -> Any:
+    """Lines of stdin, with a ``> `` prompt on a terminal."""
+    if sys.stdin.isatty():
+        while True:
+            try:
+                yield input("> ")
+            except EOFError:
+                return
+    else:
+        for line in sys.stdin:
+            yield line.rstrip("\n")
 
 
 # -- plot -----------------------------------------------------------------------------------

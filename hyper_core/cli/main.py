@@ -1,7 +1,8 @@
 """Argument parsing, plugin commands, and turning errors into exit codes.
 
 User errors (:class:`~hyper_core.errors.UserError`) print one line and exit 2; ``--debug``
-shows the traceback. Any other exception is a failed run: exit 1.
+shows the traceback. Any other exception is a failed run: exit 1, with a
+traceback unless it is a :class:`~hyper_core.errors.RunFailed` (one line, e.g. a diverged run).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import UserError
+from ..errors import RunFailed, UserError
 
 EXIT_USER_ERROR = 2
 EXIT_FAILED = 1
@@ -108,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except SystemExit:
         raise
+    except RunFailed as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"hyper-train: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception:
         traceback.print_exc()
         print("hyper-train: the run failed (see the traceback above)", file=sys.stderr)

@@ -167,6 +167,8 @@ def _build(
     source_path: str | None,
     sections: Mapping[str, SectionSpec] | None,
 ) -> Config:
+    # A registry of sections knows which installed plugins were filtered out (not pip-able).
+    unavailable: Mapping[str, str] = getattr(sections, "unavailable", {})
     sections = dict(sections or {})
     _check_specs(sections)
     problems = Problems()
@@ -179,6 +181,11 @@ def _build(
             core[key] = value
         elif key in sections:
             continue
+        elif key in KNOWN_PLUGIN_SECTIONS and KNOWN_PLUGIN_SECTIONS[key] in unavailable:
+            dist = KNOWN_PLUGIN_SECTIONS[key]
+            problems.add_key(
+                key, f"section of plugin {dist}, which is installed but {unavailable[dist]}"
+            )
         elif key in KNOWN_PLUGIN_SECTIONS:
             problems.add_key(
                 key,

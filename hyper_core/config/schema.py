@@ -8,6 +8,7 @@ section's path.
 """
 
 import json
+import math
 import pathlib
 from typing import Any, Literal
 
@@ -33,10 +34,17 @@ def meta(doc: str, *, key: str | None = None, toml: bool = True) -> dict[str, An
     return metadata
 
 
+def _check_finite(value: Any) -> None:
+    # nan fails every comparison, but inf passes ``>= bound``: both are rejected by name.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {show(value)}")
+
+
 def at_least(bound: float) -> Validator:
-    """Validator: the value (when not None) is ``>= bound``."""
+    """Validator: the value (when not None) is finite and ``>= bound``."""
 
     def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        _check_finite(value)
         if value is not None and not value >= bound:
             raise ValueError(f"must be >= {show(bound)}, got {show(value)}")
 
@@ -44,9 +52,10 @@ def at_least(bound: float) -> Validator:
 
 
 def greater_than(bound: float) -> Validator:
-    """Validator: the value (when not None) is ``> bound``."""
+    """Validator: the value (when not None) is finite and ``> bound``."""
 
     def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        _check_finite(value)
         if value is not None and not value > bound:
             raise ValueError(f"must be > {show(bound)}, got {show(value)}")
 
@@ -54,9 +63,10 @@ def greater_than(bound: float) -> Validator:
 
 
 def between(low: float, high: float) -> Validator:
-    """Validator: ``low <= value <= high``."""
+    """Validator: ``low <= value <= high`` (a finite value)."""
 
     def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        _check_finite(value)
         if value is not None and not low <= value <= high:
             raise ValueError(f"must be between {show(low)} and {show(high)}, got {show(value)}")
 
@@ -205,7 +215,8 @@ _INFERRED_FORMATS = {".jsonl": "jsonl", ".json": "jsonl"}
 
 
 def infer_format(path: str) -> str | None:
-    """The data format implied by a file name (``.jsonl``/``.json`` → ``jsonl``), else None."""
+    """The data format implied by a file name (``.jsonl``/``.json`` → ``jsonl``, which reads
+    JSON lines or a JSON array), else None."""
     return _INFERRED_FORMATS.get(pathlib.PurePath(path).suffix.lower())
 
 
@@ -214,7 +225,7 @@ class DataSource:
     """A dataset: a registered ``format``, an optional ``path`` and format-specific options.
 
     In TOML, either a path string (format inferred from the extension) or a table
-    ``{ format = "shapes", path = "...", ...options }``.
+    ``{ format = "shapes", path = "...", image_dir = "...", ...options }``.
     """
 
     format: str = attrs.field(
@@ -225,6 +236,14 @@ class DataSource:
         validator=not_empty,
         metadata=meta("File or directory, relative to the config file."),
     )
+    image_dir: str | None = attrs.field(
+        default=None,
+        validator=not_empty,
+        metadata=meta(
+            "Directory that relative image paths of these samples resolve against, relative to "
+            "the config file; wins over `[data] image_root`."
+        ),
+    )
     options: dict[str, Any] = attrs.field(
         factory=dict, metadata=meta("The table's other keys, passed to the format.")
     )
@@ -232,7 +251,12 @@ class DataSource:
     @property
     def is_plain_path(self) -> bool:
         """True when this source can be written as just its path."""
-        return self.path is not None and not self.options and infer_format(self.path) == self.format
+        return (
+            self.path is not None
+            and not self.options
+            and self.image_dir is None
+            and infer_format(self.path) == self.format
+        )
 
 
 def _structure_data_source(value: Any, _: Any) -> DataSource:
@@ -248,8 +272,9 @@ def _structure_data_source(value: Any, _: Any) -> DataSource:
         return DataSource(format=fmt, path=value)
     if not isinstance(value, dict):
         raise Invalid(f"expected a path string or a table, got {describe(value)}")
-    raw = {k: value[k] for k in ("format", "path") if k in value}
-    raw["options"] = {k: v for k, v in value.items() if k not in ("format", "path")}
+    fields = ("format", "path", "image_dir")
+    raw = {k: value[k] for k in fields if k in value}
+    raw["options"] = {k: v for k, v in value.items() if k not in fields}
     return converter.structure_table(raw, DataSource)
 
 
@@ -259,6 +284,8 @@ def _unstructure_data_source(source: DataSource) -> str | dict[str, Any]:
     table: dict[str, Any] = {"format": source.format}
     if source.path is not None:
         table["path"] = source.path
+    if source.image_dir is not None:
+        table["image_dir"] = source.image_dir
     return table | converter.unstructure(source.options)
 
 
@@ -271,10 +298,21 @@ class DataConfig(_Section):
     """``[data]``: training and evaluation data and how samples become batches."""
 
     train: DataSource = attrs.field(
-        metadata=meta("Training data: a `.jsonl` path or a `{ format = ... }` table.")
+        metadata=meta(
+            "Training data: a `.jsonl`/`.json` path (JSON lines, or a JSON array in `.json`) "
+            "or a `{ format = ... }` table."
+        )
     )
     eval: DataSource | None = attrs.field(
         default=None, metadata=meta("Held-out data, same forms as `train`.")
+    )
+    image_root: str | None = attrs.field(
+        default=None,
+        validator=not_empty,
+        metadata=meta(
+            "Directory that relative image paths resolve against, relative to the config file "
+            "(default: each data file's directory); a source's `image_dir` wins."
+        ),
     )
     max_seq_len: int = attrs.field(
         default=2048, validator=at_least(1), metadata=meta("Longest sample, in tokens.")
@@ -361,8 +399,24 @@ class TrainingConfig(_Section):
         validator=at_least(1),
         metadata=meta("Evaluate every N steps (and at the end) when `data.eval` is set."),
     )
+    eval_generate_samples: int = attrs.field(
+        default=0,
+        validator=at_least(0),
+        metadata=meta(
+            "Per evaluation, generate answers for the first N eval samples and log them with "
+            "prompt and reference (`metrics.jsonl`, `eval_samples.jsonl`, TensorBoard); 0: off."
+        ),
+    )
     no_decay_1d: bool = attrs.field(
         default=True, metadata=meta("No weight decay on 1-D parameters (norms, biases).")
+    )
+    max_bad_steps: int = attrs.field(
+        default=5,
+        validator=at_least(1),
+        metadata=meta(
+            "A step whose loss or gradient norm is not finite skips its update (counted as "
+            "`bad_steps`); this many in a row stop the run (exit 1) without saving."
+        ),
     )
 
     def _problems(self) -> list[tuple[str, str]]:

@@ -44,7 +44,8 @@ class DatasetFormat(Protocol):
     """A registered dataset format: ``(path, options, base_dir) -> list of raw sample dicts``.
 
     ``path`` is the table's ``path`` (or the plain string of ``[data] train``), ``options`` the
-    table's other keys (``format`` removed), ``base_dir`` the config file's directory.
+    table's other keys (``format`` and the core's ``image_dir`` removed), ``base_dir`` the config
+    file's directory. Return fresh dicts: the core may add keys (``_image_dir``).
     """
 
     def __call__(

@@ -147,6 +147,74 @@ def _encode(tokenizer: Any, text: str) -> Sequence[int]:
     return ids
 
 
+#: The longest vocabulary entry in UTF-8 bytes, per tokenizer (keyed by its size, like the
+#: piece cache): computed once, it bounds the text one token can cover.
+_MAX_TOKEN_BYTES: weakref.WeakKeyDictionary[Any, tuple[int, int | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def max_token_bytes(tokenizer: Any) -> int | None:
+    """The most bytes of (normalised) text one token can cover, or None if unknown.
+
+    The longest vocabulary entry in UTF-8: exact for plain entries, an over-estimate for
+    byte-level BPE and SentencePiece entries, whose characters spell a byte or a space with up
+    to 3 bytes. Either way ``bytes / max_token_bytes`` is a lower bound on the tokens of a text,
+    for tokenizers that keep every byte of the normalised text (byte-level BPE, SentencePiece;
+    not e.g. BERT's whitespace-dropping pre-tokenizer, which no chat model uses).
+    """
+    try:
+        size = len(tokenizer)
+        entry = _MAX_TOKEN_BYTES.get(tokenizer)
+    except TypeError:  # no len(), not hashable or not weak-referenceable
+        size, entry = None, None
+    if entry is not None and entry[0] == size:
+        return entry[1]
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    value = None
+    if callable(get_vocab):
+        value = max((len(str(t).encode("utf-8")) for t in get_vocab()), default=0) or None
+    if size is not None:
+        _MAX_TOKEN_BYTES[tokenizer] = (size, value)
+    return value
+
+
+def check_text_length(
+    conversation: Conversation, tokenizer: Any, chat_format: ChatFormat, max_seq_len: int
+) -> None:
+    """:class:`SampleError` ``too_long`` when the rendered text alone needs more than
+    ``max_seq_len`` tokens, decided without tokenising (BPE on one huge text takes minutes).
+
+    Each piece is tokenised on its own, so the tokens are at least ``Σ bytes / M`` with ``M``
+    the :func:`max_token_bytes`; bytes are counted after the tokenizer's normaliser when it has
+    one (a normaliser may shorten text). Passing says nothing: the tokens are still counted.
+    """
+    texts = [
+        text
+        for kind, text, _ in _pieces(conversation, chat_format, add_generation_prompt=False)
+        if kind == "text"
+    ]
+    per_token = max_token_bytes(tokenizer)
+    if per_token is None:
+        return
+    budget = max_seq_len * per_token
+    if 4 * sum(map(len, texts)) <= budget:  # UTF-8: at most 4 bytes per character
+        return
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    if nbytes <= budget:
+        return
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None:
+        nbytes = sum(len(normalizer.normalize_str(t).encode("utf-8")) for t in texts)
+        if nbytes <= budget:
+            return
+    raise SampleError(
+        "too_long",
+        f"{nbytes} bytes of text need more than max_seq_len {max_seq_len} tokens (a token "
+        f"covers at most {per_token} bytes; not tokenised)",
+    )
+
+
 def _tokenize(
     conversation: Conversation,
     tokenizer: Any,
@@ -187,8 +255,11 @@ def tokenize_conversation(
 
     ``image_tokens(index, part)`` gives the token ids of the ``index``-th image (the adapter's
     expansion, e.g. ``<|vision_start|>`` + ``<|image_pad|>`` × N + ``<|vision_end|>``).
-    Raises :class:`SampleError` ``too_long`` (never truncates) or ``no_loss_tokens``.
+    Raises :class:`SampleError` ``too_long`` (never truncates; text far over the limit is
+    rejected before tokenising, see :func:`check_text_length`) or ``no_loss_tokens``.
     """
+    if max_seq_len is not None:
+        check_text_length(conversation, tokenizer, chat_format, max_seq_len)
     ids, loss, spans = _tokenize(
         conversation, tokenizer, chat_format, image_tokens, add_generation_prompt=False
     )

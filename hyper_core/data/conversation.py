@@ -5,18 +5,21 @@ Accepted raw samples (``sample`` is one JSON object):
 * ``{"messages": [{"role": "user", "content": "text"}, ...]}`` — content a string;
 * content lists: ``[{"type": "image", "image": "rel/path.png"}, {"type": "text", "text": "..."}]``;
 * LLaVA style: string content with ``<image>`` placeholders (and ``{"type": "image"}`` parts
-  without a path) filled in order from a top-level ``"images": [...]`` (or ``"image": "..."``);
+  without a path) filled in order from a top-level ``"images": [...]`` (or ``"image"``: one
+  path or a list of paths);
 * ``{"prompt": ..., "completion": ...}`` (strings, or lists of messages) → user/assistant;
 * ShareGPT: ``{"conversations": [{"from": "human" | "gpt" | "system", "value": ...}]}``;
 * an optional top-level ``"system"`` string becomes a leading system message.
 
-Relative image paths are resolved against the directory of the sample's JSONL file
-(``_source.file``). Images are opened lazily by :func:`load_image`.
+Relative image paths are resolved against the sample's ``_image_dir`` (set from ``[data]
+image_root`` or a source's ``image_dir``), else the directory of its data file
+(``_source.file``). Images are opened lazily by :func:`load_image`, regular files only.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Union
 import attrs
 
 from .errors import SampleError
-from .jsonl import ERROR_KEY, SOURCE_KEY
+from .jsonl import ERROR_KEY, IMAGE_DIR_KEY, SOURCE_KEY
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -134,6 +137,8 @@ def _is_pil(value: Any) -> bool:
 def _base_dir(sample: Mapping[str, Any], base_dir: str | Path | None) -> Path | None:
     if base_dir is not None:
         return Path(base_dir)
+    if sample.get(IMAGE_DIR_KEY):
+        return Path(str(sample[IMAGE_DIR_KEY]))
     source = sample.get(SOURCE_KEY)
     if isinstance(source, Mapping) and source.get("file"):
         return Path(str(source["file"])).parent
@@ -242,7 +247,8 @@ def parse_conversation(
     """Normalise one raw sample to a :class:`Conversation`; raise :class:`SampleError` if bad.
 
     ``base_dir`` overrides the directory that relative image paths are resolved against
-    (default: the directory of ``sample["_source"]["file"]``, else the working directory).
+    (default: ``sample["_image_dir"]``, else the directory of ``sample["_source"]["file"]``,
+    else the working directory).
     """
     if ERROR_KEY in sample:
         reason, message = sample[ERROR_KEY]
@@ -269,7 +275,8 @@ def parse_conversation(
 
     images = sample.get("images")
     if images is None and "image" in sample:
-        images = [sample["image"]]
+        image = sample["image"]
+        images = image if isinstance(image, list) else [image]
     if images is None:
         images = []
     if not isinstance(images, list):
@@ -299,6 +306,7 @@ def load_image(part: ImagePart) -> Image.Image:
     else:
         if part.path is None:
             raise SampleError("missing_image", "image part has neither a path nor an image")
+        _check_regular_file(part.path)
         try:
             with Image.open(part.path) as opened:
                 opened.load()
@@ -311,6 +319,18 @@ def load_image(part: ImagePart) -> Image.Image:
             raise SampleError("corrupt_image", f"image too large {part.path}: {exc}") from None
         return img
     return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _check_regular_file(path: Path) -> None:
+    # Opening a FIFO (or a device) blocks forever, deaf to SIGTERM: look before opening.
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise SampleError("missing_image", f"image not found: {path}") from None
+    except OSError as exc:
+        raise SampleError("corrupt_image", f"cannot read image {path}: {exc}") from None
+    if not stat.S_ISREG(mode):
+        raise SampleError("missing_image", f"not a regular file: {path}")
 
 
 def load_images(conversation: Conversation | Sequence[ImagePart]) -> list[Image.Image]:

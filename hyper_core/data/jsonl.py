@@ -1,8 +1,13 @@
-"""Reading JSON-lines data sets with provenance (no torch here).
+"""Reading JSON-lines and JSON-array data sets with provenance (no torch here).
 
-Every raw sample is a dict carrying ``"_source": {"file": str, "line": int}``. A line that is
-not valid JSON (or not an object) becomes a *deferred error*, ``{"_source": ..., "_error":
+Every raw sample is a dict carrying ``"_source"``: ``{"file": str, "line": int}`` for JSON lines
+(1-based), ``{"file": str, "index": int}`` for an element of a JSON array (0-based). A line or
+element that cannot be a sample becomes a *deferred error*, ``{"_source": ..., "_error":
 (reason, message)}``, so that skipping or raising happens in one place, the dataset.
+
+Reading never loses a valid sample to its neighbours: a file is read as bytes, a UTF-8 BOM is
+dropped, lines are split on ``\\n`` only (never inside a JSON string at U+2028 or U+0085), and
+each line is decoded and parsed on its own by :func:`parse_line`.
 """
 
 from __future__ import annotations
@@ -18,48 +23,144 @@ RawSample = dict[str, Any]
 
 SOURCE_KEY = "_source"
 ERROR_KEY = "_error"
+#: Where relative image paths of the sample resolve (set from ``[data] image_root`` or a
+#: source's ``image_dir``); absent: the directory of ``_source.file``.
+IMAGE_DIR_KEY = "_image_dir"
+
+#: Default of the ``max_line_bytes`` option. A line is parsed in full before anything else is
+#: checked, and Python's JSON objects take ~10x the text's size in memory: 64 MiB bounds one
+#: line's parse to about a second and under 1 GiB, far above any conversation that fits a
+#: context window (text over ``max_seq_len`` is rejected before tokenising, see chat.py).
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+
+_BOM = b"\xef\xbb\xbf"
 
 
-def read_jsonl(path: str | Path) -> list[RawSample]:
-    """All samples of a ``.jsonl`` file, blank lines ignored, each with its ``_source``."""
-    path = Path(path)
+def _deferred(source: dict[str, Any], reason: str, message: str) -> RawSample:
+    return {SOURCE_KEY: source, ERROR_KEY: (reason, message)}
+
+
+def _as_sample(value: Any, source: dict[str, Any]) -> RawSample:
+    if not isinstance(value, dict):
+        message = f"expected a JSON object, got {type(value).__name__}"
+        return _deferred(source, "bad_format", message)
+    value[SOURCE_KEY] = source
+    return value
+
+
+def parse_line(
+    raw: bytes, source: dict[str, Any], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> RawSample:
+    """One JSON line (without its ``\\n``) as a raw sample, or a deferred error.
+
+    Reasons: ``too_long`` (over ``max_line_bytes``, not parsed), ``invalid_utf8``,
+    ``invalid_json`` (including nesting too deep to parse), ``bad_format`` (not an object).
+    """
+    if len(raw) > max_line_bytes:
+        message = f"line of {len(raw)} bytes > max_line_bytes {max_line_bytes} (not parsed)"
+        return _deferred(source, "too_long", message)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        message = f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
+        return _deferred(source, "invalid_utf8", message)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return _deferred(source, "invalid_json", "nested too deeply")
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        return _deferred(source, "invalid_json", message)
+    return _as_sample(value, source)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
     except IsADirectoryError:
         raise DataError(f"data path is a directory, expected a .jsonl file: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return data[len(_BOM) :] if data.startswith(_BOM) else data
+
+
+def read_jsonl(
+    path: str | Path, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> list[RawSample]:
+    """All samples of a data file, each with its ``_source``.
+
+    JSON lines (blank lines ignored); a ``.json`` file whose first non-blank character is ``[``
+    is read as a JSON array of samples instead (LLaVA's format), parsed at once (memory: the
+    file's objects). A file that is not one valid array is a :class:`DataError` naming the file
+    and the position; an element that is not an object is a deferred ``bad_format`` error.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
     file = str(path.resolve())
+    if path.suffix.lower() == ".json" and data.lstrip()[:1] == b"[":
+        return _json_array(data, path, file)
     samples: list[RawSample] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip():
             continue
         source = {"file": file, "line": lineno}
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            samples.append({SOURCE_KEY: source, ERROR_KEY: ("invalid_json", exc.msg)})
-            continue
-        if not isinstance(value, dict):
-            message = f"expected a JSON object, got {type(value).__name__}"
-            samples.append({SOURCE_KEY: source, ERROR_KEY: ("bad_format", message)})
-            continue
-        value[SOURCE_KEY] = source
-        samples.append(value)
+        samples.append(parse_line(raw, source, max_line_bytes=max_line_bytes))
+    if path.suffix.lower() == ".json" and samples:
+        if samples[0].get(ERROR_KEY, ("",))[0] == "invalid_json":
+            _reject_top_level_object(data, path)
     return samples
 
 
+def _json_array(data: bytes, path: Path, file: str) -> list[RawSample]:
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not a valid JSON array (nested too deeply)") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}: not a valid JSON array ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except ValueError as exc:
+        raise DataError(f"{path}: not a valid JSON array ({exc})") from None
+    if not isinstance(value, list):
+        raise DataError(f"{path}: expected a JSON array of samples, got {type(value).__name__}")
+    return [_as_sample(item, {"file": file, "index": i}) for i, item in enumerate(value)]
+
+
+def _reject_top_level_object(data: bytes, path: Path) -> None:
+    """A ``.json`` file whose first line is not a sample: one object over several lines?"""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # not one JSON value: JSON lines with a bad line
+        return
+    if isinstance(value, dict):
+        keys = ", ".join(sorted(value)[:5]) or "none"
+        raise DataError(
+            f"{path}: one JSON object at the top level (keys: {keys}); expected one sample "
+            "object per line or a JSON array of samples"
+        )
+
+
 def format_source(sample: Mapping[str, Any] | None, index: int | None = None) -> str:
-    """``file:line`` of a raw sample, else ``sample #index``."""
+    """``file:line`` (JSON lines) or ``file[index]`` (JSON array) of a raw sample, else
+    ``sample #index``."""
     source = sample.get(SOURCE_KEY) if isinstance(sample, Mapping) else None
     if isinstance(source, Mapping) and "file" in source:
+        if "index" in source:
+            return f"{source['file']}[{source['index']}]"
         return f"{source['file']}:{source.get('line', '?')}"
     return f"sample #{index}" if index is not None else "sample"
 
 
-_JSONL_OPTIONS = ("max_samples",)
+_JSONL_OPTIONS = ("max_samples", "max_line_bytes")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def load_jsonl_format(
@@ -71,18 +172,21 @@ def load_jsonl_format(
 ) -> list[RawSample]:
     """The ``jsonl`` dataset format: ``path`` (relative to ``base_dir``) read with provenance.
 
-    ``options`` may hold ``max_samples`` (keep the first N lines). ``where`` is the config path
-    used in error messages.
+    JSON lines, or a JSON array in a ``.json`` file. ``options`` may hold ``max_samples`` (keep
+    the first N samples) and ``max_line_bytes`` (longer lines are ``too_long`` samples, not
+    parsed; default 64 MiB). ``where`` is the config path used in error messages.
     """
     options = dict(options or {})
+    known = ", ".join(_JSONL_OPTIONS)
     problems = [
-        (f"{where}.{key}", f"unknown option {key!r} of format 'jsonl' (known: max_samples)")
+        (f"{where}.{key}", f"unknown option {key!r} of format 'jsonl' (known: {known})")
         for key in options
         if key not in _JSONL_OPTIONS
     ]
-    limit = options.get("max_samples")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        problems.append((f"{where}.max_samples", f"expected a positive int, got {limit!r}"))
+    for key in _JSONL_OPTIONS:
+        value = options.get(key)
+        if value is not None and not _positive_int(value):
+            problems.append((f"{where}.{key}", f"expected a positive int, got {value!r}"))
     if not path:
         problems.append((f"{where}.path", "format 'jsonl' needs a path"))
     if problems:
@@ -90,5 +194,7 @@ def load_jsonl_format(
     resolved = Path(path)  # type: ignore[arg-type]
     if not resolved.is_absolute() and base_dir is not None:
         resolved = Path(base_dir) / resolved
-    samples = read_jsonl(resolved)
+    max_line_bytes = options.get("max_line_bytes") or DEFAULT_MAX_LINE_BYTES
+    samples = read_jsonl(resolved, max_line_bytes=max_line_bytes)
+    limit = options.get("max_samples")
     return samples[:limit] if limit is not None else samples

@@ -11,6 +11,19 @@ Workers: with ``num_workers > 0`` the loader uses the ``fork`` start method wher
 it. Pass ``multiprocessing_context`` to override (``"spawn"``/``"forkserver"`` need a picklable
 dataset and collate). ``TOKENIZERS_PARALLELISM`` defaults to ``false`` when workers are used, to
 avoid the fork warning/deadlock of HF fast tokenizers. Batches are collated in the workers.
+
+Not enough usable data: training on steps without samples would "succeed" with nothing
+learned, so :meth:`StepLoader.__iter__` raises a :class:`DataError` (with the skip counts by
+reason) when the training data has fewer usable samples than one global batch. It finds out
+by checking the whole dataset in order, in the main process, stopping at the first
+``global_batch_size`` usable samples; it checks (once per loader) only on a sign of trouble:
+
+* a step without a usable sample on this rank before any usable sample was seen, or
+* an epoch this iterator saw whole that had fewer usable samples on this rank than the local
+  batch size.
+
+The verdict depends only on the dataset, so every rank that checks reaches the same one. A
+healthy dataset costs nothing (or a few samples prepared twice when the first step is unlucky).
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import torch.utils.data
 from ..batching.types import MicroBatch, SampleFeatures
 from ..errors import DataError
 from .dataset import Skipped
+from .errors import SkipCounter
 
 Collate = Callable[[list[SampleFeatures]], list[MicroBatch]]
 
@@ -305,6 +319,7 @@ class StepLoader:
         self._generation = 0
         self._batch_sampler = _BatchSampler(sampler)
         self._loader: torch.utils.data.DataLoader | None = None
+        self._enough_data = False
 
     # -- position -------------------------------------------------------------------------
 
@@ -367,11 +382,36 @@ class StepLoader:
             **kwargs,
         )
 
+    def check_enough_data(self) -> None:
+        """Raise :class:`DataError` if the dataset has fewer usable samples than one global
+        batch (see the module docstring); prepares samples in order until it has seen that
+        many. Passes at most once per loader, then costs nothing."""
+        if self._enough_data:
+            return
+        need, total = self.sampler.global_batch_size, self.sampler.num_samples
+        usable = 0
+        skipped = SkipCounter()
+        for index in range(total):
+            item = self.dataset[index]
+            if isinstance(item, Skipped):
+                skipped.add(item.reason)
+                continue
+            usable += 1
+            if usable >= need:
+                self._enough_data = True
+                return
+        raise DataError(
+            f"the training data has {usable} usable sample{'s' if usable != 1 else ''} of "
+            f"{total}, fewer than one global batch ({need}): "
+            f"{skipped.summary_line()}"
+        )
+
     def __iter__(self) -> Iterator[StepBatch]:
         if self.steps_per_epoch == 0:
             return
         if self._loader is None:
             self._loader = self._make_loader(self._batch_sampler, self.persistent_workers)
+        seen_usable = False
         while True:
             generation = self._generation
             epoch, start = self._epoch, self._step
@@ -380,11 +420,20 @@ class StepLoader:
                 continue
             self._batch_sampler.epoch, self._batch_sampler.start_step = epoch, start
             interrupted = False
+            epoch_usable = 0
+            last_step = self.steps_per_epoch - 1
             for step, item in enumerate(self._loader, start):
                 if self._generation != generation:
                     interrupted = True
                     break
                 micro_batches, skipped, n = _unpack(item)
+                epoch_usable += n
+                if n == 0 and not seen_usable:
+                    self.check_enough_data()
+                elif start == 0 and step == last_step:
+                    if epoch_usable < self.sampler.local_batch_size:
+                        self.check_enough_data()
+                seen_usable = seen_usable or n > 0
                 self._epoch, self._step = epoch, step + 1
                 yield StepBatch(
                     micro_batches=micro_batches,

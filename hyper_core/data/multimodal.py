@@ -68,10 +68,11 @@ def tokenize_multimodal(
     """
     import torch
 
-    from .chat import tokenize_conversation
+    from .chat import check_text_length, tokenize_conversation
     from .conversation import load_images, parse_conversation
 
     conv = parse_conversation(sample)
+    check_text_length(conv, processor.tokenizer, chat_format, max_seq_len)  # before the images
     images = load_images(conv)
     media: dict[str, torch.Tensor] = {}
     counts: list[int] = []

@@ -13,6 +13,8 @@ into the sum the global-token normalisation needs.
 from __future__ import annotations
 
 import logging
+import re
+import warnings
 from typing import TYPE_CHECKING
 
 from ..adapters.hf import match_modules, torch_dtype
@@ -64,9 +66,28 @@ class FSDP2(ParallelStrategy):
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
         fully_shard(model, mesh=dist.mesh, mp_policy=mp)
+        ignore_root_view_warning(model)
         materialize(model, dist.device)
         load_from_rank0(model, source, dist)
         return model
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
+
+
+def ignore_root_view_warning(model: torch.nn.Module) -> None:
+    """Silence FSDP2's "returned a view tensor ... can produce wrong gradients" warning for
+    the root module only.
+
+    It warns (once per step's forward) because an in-place op on a returned view would drop
+    the pre-backward hook and so the all-gather of the root's parameters. It does not apply
+    to the root: its outputs go only to the loss function, which reads them out of place
+    (``causal_lm_loss``: ``logits.float()``); the views are outputs nothing reads, e.g.
+    Qwen2.5-VL's ``image_outputs.pooler_output`` (a ``torch.split`` of the image embeddings).
+    Sharding units inside the model keep the warning: there an in-place op by the parent
+    module would be real.
+    """
+    name = re.escape(type(model).__name__)
+    warnings.filterwarnings(
+        "ignore", message=rf"FSDP2-wrapped module \({name}\) returned a view tensor"
+    )

@@ -146,6 +146,7 @@ class PluginHost:
 
     def _load_entry_points(self) -> None:
         eps = sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        self._check_filter(eps)
         seen: set[str] = set()
         for ep in eps:
             if ep.name in seen:
@@ -160,6 +161,13 @@ class PluginHost:
                     version=dist.version if dist else None,
                     status="disabled",
                 )
+                if dist is not None:
+                    why = f"disabled by {FILTER_ENV}={os.environ.get(FILTER_ENV, '')!r}"
+                    if self._only is not None and not self._only:
+                        why += " (empty: no plugin loads)"
+                    for registry in self.registries.by_hook().values():
+                        registry.unavailable[dist.metadata["Name"]] = why
+                    self.registries.config_sections.unavailable[dist.metadata["Name"]] = why
                 continue
             try:
                 obj = ep.load()
@@ -169,6 +177,21 @@ class PluginHost:
                 self.pm.check_pending()
             except Exception as exc:
                 self._failed(ep.name, ep.value, dist, exc)
+
+    def _check_filter(self, eps: Sequence[md.EntryPoint]) -> None:
+        """Warn about names in ``HYPER_TRAIN_PLUGINS`` that no installed plugin has."""
+        if not self._only:
+            return
+        names = {ep.name for ep in eps}
+        dists = {ep.dist.metadata["Name"] for ep in eps if ep.dist is not None}
+        unknown = sorted(n for n in self._only if n not in names | dists)
+        if unknown:
+            log.warning(
+                "%s names %s: no installed plugin is called so (installed: %s)",
+                FILTER_ENV,
+                ", ".join(repr(n) for n in unknown),
+                ", ".join(sorted(names)) or "none",
+            )
 
     def _failed(
         self, name: str, module: str, dist: md.Distribution | None, exc: BaseException

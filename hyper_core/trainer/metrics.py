@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..plugins.manager import PluginHost
+
+log = logging.getLogger("hyper_train")
 
 #: Dense bf16 peak FLOP/s by device name fragment, for MFU.
 PEAK_FLOPS: dict[str, float] = {
@@ -102,16 +108,82 @@ class StepTimer:
         return out
 
 
-def _clean(value: Any) -> Any:
+def fire_tracking_keys(
+    host: PluginHost, event: str, metrics: dict[str, Any], **kwargs: Any
+) -> dict[str, str]:
+    """Fire ``event`` (``on_log``, ``on_evaluate``) with ``metrics``; returns, for each key an
+    implementation added or replaced, the name of the plugin that set it last.
+
+    The implementations run one by one, in pluggy's order and through its hook execution (so
+    ``--trace-hooks`` monitors each). With a hook wrapper among them the hook runs once as
+    usual, and changed keys are put down to all its plugins together.
+    """
+    caller = getattr(host.pm.hook, event)
+    impls = caller.get_hookimpls()
+    call_kwargs = {**kwargs, "metrics": metrics}
+    if any(impl.wrapper or impl.hookwrapper for impl in impls):
+        before = dict(metrics)
+        caller(**call_kwargs)
+        names = " or ".join(sorted({impl.plugin_name for impl in impls}))
+        return dict.fromkeys(_changed_keys(before, metrics), names)
+    added_by: dict[str, str] = {}
+    for impl in reversed(impls):  # pluggy calls the last registered first
+        before = dict(metrics)
+        # pluggy's own subset callers would need hashable plugin objects.
+        host.pm._hookexec(event, [impl], call_kwargs, False)
+        added_by.update(dict.fromkeys(_changed_keys(before, metrics), impl.plugin_name))
+    return added_by
+
+
+def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return [k for k, v in after.items() if k not in before or before[k] is not v]
+
+
+class _Unloggable(Exception):
+    """A metric value with no JSON form; the message describes it."""
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-able Python values: 0-d tensors and numpy scalars or 0-d arrays become
+    numbers; :class:`_Unloggable` for anything else that JSON cannot hold."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {_plain_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    shape = getattr(value, "shape", None)
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        item = value.item()  # a 0-d tensor, numpy scalar or 0-d array
+        if isinstance(item, (bool, int, float)):
+            return item
+    elif shape is not None:
+        raise _Unloggable(f"a {type(value).__name__} of shape {tuple(shape)}")
+    raise _Unloggable(f"a {type(value).__name__}")
+
+
+def _plain_key(key: Any) -> Any:
+    if key is None or isinstance(key, (bool, int, float, str)):
+        return key
+    raise _Unloggable(f"a table with a {type(key).__name__} key")
+
+
+def _for_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: _for_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_for_json(v) for v in value]
     return value
 
 
 class MetricsWriter:
-    """Appends one JSON object per logged step to ``output_dir/metrics.jsonl`` (rank 0)."""
+    """Appends one JSON object per logged step to ``output_dir/metrics.jsonl`` (rank 0).
+
+    Values are made JSON-able first (see :func:`_plain`); a value that cannot be is dropped,
+    with one warning per key naming the plugin that added it (``added_by``).
+    """
 
     def __init__(self, output_dir: str | os.PathLike[str], *, tensorboard: bool = False) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
@@ -127,10 +199,36 @@ class MetricsWriter:
                     "pip install 'hyper-train[tensorboard]'"
                 ) from exc
             self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        self._warned: set[str] = set()
 
-    def write(self, metrics: dict[str, Any]) -> None:
-        """Write one record (and TensorBoard scalars)."""
-        self._file.write(json.dumps(_clean(metrics), sort_keys=True) + "\n")
+    def _clean(
+        self, metrics: dict[str, Any], added_by: dict[str, str], prefix: str = ""
+    ) -> dict[str, Any]:
+        """``metrics`` without the values :func:`_plain` rejects (each warned about once)."""
+        out: dict[str, Any] = {}
+        for key, value in metrics.items():
+            name = f"{prefix}{key}"
+            try:
+                if isinstance(value, dict) and isinstance(key, str):
+                    out[key] = self._clean(value, added_by, f"{name}.")
+                else:
+                    out[_plain_key(key)] = _plain(value)
+            except _Unloggable as exc:
+                if name not in self._warned:
+                    self._warned.add(name)
+                    source = f"plugin {added_by[name]!r}" if name in added_by else "the trainer"
+                    log.warning(
+                        "metric %r (added by %s) is %s, not a number or JSON value: not logged",
+                        name,
+                        source,
+                        exc,
+                    )
+        return out
+
+    def write(self, metrics: dict[str, Any], *, added_by: dict[str, str] | None = None) -> None:
+        """Write one record (and TensorBoard scalars); ``added_by``: dotted key → plugin."""
+        metrics = self._clean(metrics, added_by or {})
+        self._file.write(json.dumps(_for_json(metrics), sort_keys=True) + "\n")
         self._file.flush()
         if self._tb is not None:
             step = int(metrics.get("step", 0))
@@ -143,6 +241,11 @@ class MetricsWriter:
                     and key != "step"
                 ):
                     self._tb.add_scalar(prefix + key, value, step)
+
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        """A TensorBoard text entry (nothing without TensorBoard)."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
 
     def close(self) -> None:
         """Flush and close."""

@@ -4,21 +4,25 @@ Setup is the ordered list of build-stage hook calls (:data:`hyper_core.hookspecs
 after each, ``on_stage_end`` fires. The step: fetch all micro-batches → ``on_step_begin`` →
 per micro-batch forward/backward with the loss normalised by the global count of loss tokens →
 clip → optimizer and scheduler step → ``global_step += 1`` → ``on_step_end`` → log → evaluate →
-checkpoint.
+checkpoint. A step whose loss or gradient norm is not finite skips the optimizer update (see
+:meth:`Trainer.train_step`); ``[training] max_bad_steps`` of them in a row raise
+:class:`TrainingDiverged`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
-from .metrics import MetricsWriter, StepTimer
+from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .state import TrainState
 
 if TYPE_CHECKING:
@@ -26,6 +30,11 @@ if TYPE_CHECKING:
     from ..plugins.manager import PluginHost
 
 log = logging.getLogger("hyper_train")
+
+
+class TrainingDiverged(RunFailed):
+    """``max_bad_steps`` steps in a row had a non-finite loss or gradient norm: a failed run
+    (exit 1), reported by the CLI as one line. Nothing was saved or exported for it."""
 
 
 class Trainer:
@@ -210,6 +219,9 @@ class Trainer:
                 loss_dict=loss_dict,
                 grad_norm=grad_norm,
             )
+            if self.state.bad_streak >= cfg.training.max_bad_steps:
+                self._log(loss, loss_dict, grad_norm, timer)
+                raise TrainingDiverged(self._divergence_message(loss, grad_norm))
             stop = self._agree_stop()
             step = self.state.global_step
             last = step >= self.train_iters or stop
@@ -242,10 +254,29 @@ class Trainer:
             self.state.stop_requested = True
         return stop
 
+    def _divergence_message(self, loss: float, grad_norm: float | None) -> str:
+        step, streak = self.state.global_step, self.state.bad_streak
+        steps = f"step {step}" if streak == 1 else f"steps {step - streak + 1}-{step}"
+        return (
+            f"training diverged: {streak} steps in a row had a non-finite loss or gradient norm "
+            f"({steps}; last: loss {loss}, grad norm {grad_norm}); stopped at step {step} "
+            "without saving a checkpoint (`latest` is unchanged); lower [training] lr, or "
+            "raise [training] max_bad_steps"
+        )
+
     def train_step(
         self, step_batch: Any
     ) -> tuple[float, dict[str, float], float | None, dict[str, Any]]:
-        """One optimizer step over the micro-batches of ``step_batch``."""
+        """One optimizer step over the micro-batches of ``step_batch``.
+
+        A step whose loss (summed over ranks) or global gradient norm is not finite is *bad*:
+        every rank sees the same reduced values, so all skip ``optimizer.step()`` together;
+        the gradients are dropped. The LR scheduler, ``global_step`` and the data position
+        still advance (as for Megatron-LM's skipped iterations, the step's data is consumed
+        and the step counts against ``steps``): the learning rate stays the schedule's value
+        at ``global_step``, and a run resumed from any checkpoint replays the same steps.
+        ``state.bad_steps`` and ``state.bad_streak`` count them.
+        """
         import torch
 
         micro_batches = list(step_batch.micro_batches)
@@ -306,12 +337,22 @@ class Trainer:
                 loss=loss.detach(),
             )
             del model_inputs, loss_inputs, outputs, loss  # release the device batch now
-        grad_norm = self._clip_gradients()
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce_sum(loss_total)
+        norm = self._grad_norm()
+        grad_norm = None if norm is None else float(norm.item())
+        # One collective: the loss summed over ranks (non-finite on every rank if it is on
+        # one) and how many ranks see a non-finite gradient norm.
+        norm_bad = grad_norm is not None and not math.isfinite(grad_norm)
+        reduced = torch.stack([loss_total, torch.full_like(loss_total, float(norm_bad))])
+        loss_value, bad_norms = dist.all_reduce_sum(reduced).tolist()
         self.state.global_step += 1
+        if math.isfinite(loss_value) and not bad_norms:
+            self._clip_gradients(norm)
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            self.state.bad_streak = 0
+        else:
+            self._skip_update(loss_value, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
         n_samples = sum(mb.num_samples for mb in micro_batches)
         n_tokens = sum(mb.num_tokens for mb in micro_batches)
         self.state.samples_seen += n_samples
@@ -324,27 +365,52 @@ class Trainer:
             "flops": self._flops(micro_batches),
         }
         loss_dict = {k: float(v) for k, v in loss_parts.items()}
-        return float(loss_total.item()), loss_dict, grad_norm, stats
+        return loss_value, loss_dict, grad_norm, stats
 
-    def _clip_gradients(self) -> float | None:
-        """Global L2 norm of the gradients, clipped to ``max_grad_norm``.
+    def _skip_update(self, loss: float, grad_norm: float | None) -> None:
+        """A bad step: no optimizer update; the schedule still advances (see train_step)."""
+        self.state.bad_steps += 1
+        self.state.bad_streak += 1
+        with warnings.catch_warnings():
+            # torch warns when the scheduler steps before any optimizer.step(): deliberate here.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.lr_scheduler.step()
+        if self.dist.is_main:
+            bad = [] if math.isfinite(loss) else [f"loss ({loss})"]
+            if grad_norm is not None and not math.isfinite(grad_norm):
+                bad.append(f"grad norm ({grad_norm})")
+            log.warning(
+                "step %d: non-finite %s; update skipped (%d in a row; the run stops at %d)",
+                self.state.global_step,
+                " and ".join(bad) or "grad norm on another rank",
+                self.state.bad_streak,
+                self.config.training.max_bad_steps,
+            )
+
+    def _grad_norm(self) -> Any:
+        """Global L2 norm of the gradients (a 0-d tensor); None when no parameter has one.
 
         Sharded (DTensor) gradients give a partial norm per rank; ``full_tensor`` reduces it
-        over the mesh before the clip coefficient is applied, so every rank scales by the norm
-        of the whole model (DDP gradients are already all-reduced replicas).
+        over the mesh, so every rank gets the norm of the whole model (DDP gradients are
+        already all-reduced replicas).
         """
         import torch
 
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.config.training.max_grad_norm
-        if not params:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
             return None
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        if max_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-        return float(norm.item())
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _clip_gradients(self, norm: Any) -> None:
+        """Scale the gradients so that their global norm ``norm`` is at most ``max_grad_norm``."""
+        import torch
+
+        max_norm = self.config.training.max_grad_norm
+        if max_norm is None or norm is None:
+            return
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
 
     def _flops(self, micro_batches: list[Any]) -> float:
         try:
@@ -368,9 +434,11 @@ class Trainer:
         metrics.update(timer.flush(self.dist))
         if self.state.skipped:
             metrics["skipped"] = dict(self.state.skipped)
-        self.host.fire("on_log", trainer=self, state=self.state, metrics=metrics)
+        if self.state.bad_steps:
+            metrics["bad_steps"] = self.state.bad_steps
+        added_by = fire_tracking_keys(self.host, "on_log", metrics, trainer=self, state=self.state)
         if self.metrics_writer is not None:
-            self.metrics_writer.write(metrics)
+            self.metrics_writer.write(metrics, added_by=added_by)
 
     def evaluate(self) -> dict[str, Any]:
         """Eval loss (and answer exact-match per question type) over the eval set."""
@@ -378,9 +446,14 @@ class Trainer:
 
         metrics = run_evaluation(self)
         metrics["step"] = self.state.global_step
-        self.host.fire("on_evaluate", trainer=self, state=self.state, metrics=metrics)
+        added_by = fire_tracking_keys(
+            self.host, "on_evaluate", metrics, trainer=self, state=self.state
+        )
         if self.metrics_writer is not None:
-            self.metrics_writer.write({"eval": metrics, "step": self.state.global_step})
+            self.metrics_writer.write(
+                {"eval": metrics, "step": self.state.global_step},
+                added_by={f"eval.{key}": plugin for key, plugin in added_by.items()},
+            )
         self.last_eval = metrics
         return metrics
 

@@ -76,6 +76,8 @@ def test_bad_config_is_rejected(path: pathlib.Path) -> None:
     [
         (["--training.lr=abc"], ["$.training.lr", "expected float, got str ('abc')"]),
         (['--training.lr="1e-4"'], ["$.training.lr", "got str ('1e-4')"]),
+        (["--training.lr=inf"], ["$.training.lr", "must be a finite number, got inf"]),
+        (["--training.eps=nan"], ["$.training.eps", "must be a finite number, got nan"]),
         (["--training.steps=3.5"], ["$.training.steps", "expected int, got float (3.5)"]),
         (["training.steps=true"], ["$.training.steps", "got bool (true)"]),
         (["--nosuchsection.x=1"], ["$.nosuchsection", "unknown key"]),

@@ -82,7 +82,7 @@ def test_dry_run_resolves_components(capsys: pytest.CaptureFixture[str]) -> None
     assert "adapter hf_causal_lm" in capsys.readouterr().out
 
 
-def test_uninstalled_adapter_names_the_distribution(
+def test_filtered_out_adapter_is_not_a_pip_install(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HYPER_TRAIN_PLUGINS", "")
@@ -93,7 +93,8 @@ def test_uninstalled_adapter_names_the_distribution(
     )
     assert main(["run", str(cfg), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "$.model.adapter" in err and "pip install hyper-train-qwen-vl" in err
+    assert "$.model.adapter" in err and "hyper-train-qwen-vl" in err
+    assert "installed but disabled by HYPER_TRAIN_PLUGINS" in err and "pip install" not in err
 
 
 def test_run_plugins_names_required_installed_plugins(

@@ -202,7 +202,8 @@ def test_jsonl_example_is_accepted(lineno: int, line: str, tmp_path: Path) -> No
     assert any(m.role == "assistant" for m in conversation.messages)
     # image parts with a path, plus the top-level images that fill <image> placeholders
     expected = line.count('"type": "image"') + len(sample.get("images", []))
-    expected += 1 if isinstance(sample.get("image"), str) else 0
+    image = sample.get("image")
+    expected += len(image) if isinstance(image, list) else 1 if isinstance(image, str) else 0
     assert conversation.num_images == expected, line
     assert all(str(p.path).startswith(str(tmp_path)) for p in conversation.images)
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hyper_core.cli.commands import _launcher_exit_code, _torchrun_command
+from hyper_core.cli.commands import QUIET_TORCHRUN, _launcher_exit_code, _torchrun_command
 from hyper_core.errors import UserError
 
 
@@ -30,7 +30,8 @@ def _args(**kw: object) -> argparse.Namespace:
 
 def test_single_node_is_standalone() -> None:
     cmd = _torchrun_command(_args())
-    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=2"]
+    assert cmd[1:4] == ["-m", QUIET_TORCHRUN, "--nproc-per-node=2"]
+    assert _torchrun_command(_args(debug=True))[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in cmd
     tail = cmd[cmd.index("hyper_core") - 1 :]
     assert tail == [

@@ -123,7 +123,7 @@ def test_cli_fits_or_not(seven_b: dict[str, Any], capsys: pytest.CaptureFixture[
                 "--json",
             ]
         )
-        == 0
+        == 3  # does not fit
     )
     est = json.loads(capsys.readouterr().out)
     assert est["layout"]["dp_shard"] == 8 and est["fits"] is False

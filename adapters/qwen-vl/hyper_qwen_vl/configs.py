@@ -103,10 +103,51 @@ def _qwen25_vision(hidden: int, out: int, intermediate: int | None = None) -> di
     }
 
 
+# The published Qwen2.5-VL-7B-Instruct architecture (its config.json): for memory estimates and
+# meta-device builds without the checkpoint.
+QWEN2_5_VL_7B: dict[str, Any] = {
+    "model_type": "qwen2_5_vl",
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen2_5_vl_text",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 128000,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "mrope_section": [16, 24, 24],
+        },
+    },
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+    },
+}
+
 QWEN2_5_VL: dict[str, dict[str, Any]] = {
     "tiny": _top(_text(64, 4, _QWEN2_SECTION), _qwen25_vision(32, 64)),
     # The demo's more robust recipe: 558k parameters; head_dim 32 → 16 frequencies.
     "tiny-558k": _top(_text(128, 4, [4, 6, 6], intermediate=192), _qwen25_vision(64, 128, 96)),
+    "qwen2.5-vl-7b": QWEN2_5_VL_7B,
 }
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .units import GIB, fmt_mib, parse_size
+
+#: ``memory estimate`` exit code when the estimate exceeds ``--device-memory`` after headroom.
+EXIT_DOES_NOT_FIT = 3
 
 
 def _global_options(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +55,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "Build the config's model on the meta device and predict, per rank, parameters, "
             "gradients, AdamW state, buffers, activations of one micro-batch and transient "
             "buffers, under the configured sharding, dtypes and activation checkpointing. "
-            "Extra --section.key=value arguments override the config."
+            "Extra --section.key=value arguments override the config. No weights are read: "
+            "a [model] path directory with just the model's config.json is enough."
+        ),
+        epilog=(
+            "exit codes: 0 the estimate (it fits --device-memory, if given); 2 a user error; "
+            f"{EXIT_DOES_NOT_FIT} it does not fit --device-memory after --headroom."
         ),
     )
     _global_options(est)
     est.add_argument("config", help="the TOML config")
+    est.add_argument(
+        "--model-config",
+        default=None,
+        metavar="NAME",
+        help="estimate the adapter's named config NAME (as [model] config) instead of "
+        "[model] path: no files needed",
+    )
     est.add_argument("--nproc-per-node", type=int, default=1, help="processes per node (1)")
     est.add_argument("--nnodes", type=int, default=1, help="nodes (1)")
     est.add_argument(
@@ -167,6 +183,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if not 0.0 <= args.headroom < 1.0:
         raise UserError("memory estimate: --headroom must be in [0, 1)")
     config, host = load_run_config(args)
+    config = _model_to_estimate(config, args.model_config)
     est = estimate_config(
         config, host.registries, world, _batch(args, config, host.registries), args.rank
     )
@@ -181,9 +198,30 @@ def _estimate(args: argparse.Namespace) -> int:
         data["fits"] = fits
     if args.json:
         print(json.dumps(data, indent=1))
-        return 0
-    sys.stdout.write(format_estimate(data))
-    return 0
+    else:
+        sys.stdout.write(format_estimate(data))
+    return EXIT_DOES_NOT_FIT if fits is False else 0
+
+
+def _model_to_estimate(config: Any, named: str | None) -> Any:
+    """``config`` with ``[model] config = named`` instead of its path; else check that the
+    path has the one file the estimate reads, ``config.json``."""
+    import attrs
+
+    from hyper_core.errors import UserError
+
+    model = config.model
+    if named is not None:
+        if model.adapter is None:
+            raise UserError("--model-config: [model] adapter is not set (add --model.adapter=NAME)")
+        return attrs.evolve(config, model=attrs.evolve(model, path=None, config=named))
+    if model.path is not None and not (Path(model.path) / "config.json").is_file():
+        raise UserError(
+            f"$.model.path: {model.path} has no config.json; the estimate reads no weights, so "
+            "a directory with just the model's config.json is enough (--model.path=DIR), or "
+            "estimate a named config of the adapter with --model-config NAME"
+        )
+    return config
 
 
 def format_estimate(data: dict[str, Any]) -> str:

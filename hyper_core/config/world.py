@@ -1,0 +1,114 @@
+"""What a config needs of the world size, checked before any process starts.
+
+Every rank is a data-parallel rank (``DistEnv.dp_size == world_size``), so the world size
+``nproc_per_node × nnodes`` must split ``global_batch_size`` into micro-batches and match the
+``[parallel]`` mesh ``dp_replicate × dp_shard``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from hyper_core.config.schema import Config
+from hyper_core.errors import ConfigError, UserError
+
+
+@attrs.frozen
+class NodeRange:
+    """``--nnodes N`` or ``MIN:MAX`` (elastic: any node count in between may start)."""
+
+    min: int
+    max: int
+
+    @classmethod
+    def parse(cls, value: str | int | None) -> NodeRange:
+        """Read ``--nnodes``; None is one node."""
+        if value is None:
+            return cls(1, 1)
+        lo, _, hi = str(value).partition(":")
+        try:
+            nodes = cls(int(lo), int(hi or lo))
+        except ValueError:
+            raise UserError(f"--nnodes: expected N or MIN:MAX, got {value!r}") from None
+        if nodes.min < 1 or nodes.max < nodes.min:
+            raise UserError(f"--nnodes: expected 1 <= MIN <= MAX, got {value!r}")
+        return nodes
+
+
+def check_world(
+    config: Config,
+    nproc_per_node: int | None,
+    nnodes: str | int | None = None,
+    *,
+    source: str | None = None,
+) -> None:
+    """Raise :class:`ConfigError` (with values that work) unless ``config`` can run on
+    ``nproc_per_node`` processes on each of ``nnodes`` nodes; ``source`` names the config.
+
+    With ``MIN:MAX`` nodes every world size in the range is checked, as any of them may start.
+    """
+    nproc = 1 if nproc_per_node is None else nproc_per_node
+    if nproc < 1:
+        raise UserError(f"--nproc-per-node: expected at least 1, got {nproc}")
+    nodes = NodeRange.parse(nnodes)
+    for n in range(nodes.min, nodes.max + 1):
+        world = n * nproc
+        if world == 1:
+            continue
+        launch = f"--nproc-per-node {nproc}"
+        if nodes.max > nodes.min:
+            launch = f"{n} nodes of --nnodes {nnodes} × {launch}"
+        elif n > 1:
+            launch = f"--nnodes {n} × {launch}"
+        problem = _problem(config, world)
+        if problem is not None:
+            path, message = problem
+            raise ConfigError([(path, f"with {world} ranks ({launch}): {message}")], source)
+
+
+def _problem(config: Config, world: int) -> tuple[str, str] | None:
+    """The first thing ``config`` gets wrong at this world size, as ``($.path, message)``."""
+    par = config.parallel
+    if par.strategy == "none":
+        return ("$.parallel.strategy", "'none' runs one process; use 'ddp' or 'fsdp2'")
+    if world % par.dp_replicate:
+        return (
+            "$.parallel.dp_replicate",
+            f"{par.dp_replicate} does not divide the world size {world}; try dp_replicate "
+            + " or ".join(str(d) for d in _nearest_divisors(world, par.dp_replicate)),
+        )
+    shard = par.dp_shard if par.dp_shard != -1 else world // par.dp_replicate
+    if par.dp_replicate * shard != world:
+        return (
+            "$.parallel.dp_shard",
+            f"dp_replicate ({par.dp_replicate}) × dp_shard ({shard}) must equal the world size "
+            f"({world}); try dp_shard {world // par.dp_replicate} or -1",
+        )
+    t = config.training
+    return _batch_problem(t.global_batch_size, t.micro_batch_size, world)
+
+
+def _batch_problem(global_bs: int, micro: int, dp: int) -> tuple[str, str] | None:
+    """``global = micro × accumulation × dp`` or what to change."""
+    per_rank, rem = divmod(global_bs, dp)
+    if not rem and not per_rank % micro:
+        return None
+    tries = []
+    if not rem:
+        fit = _nearest_divisors(per_rank, micro)[0]
+        tries.append(f"micro_batch_size {fit} (accumulation {per_rank // fit})")
+    step = micro * dp
+    for g in sorted({max(step, global_bs // step * step), -(-global_bs // step) * step}):
+        tries.append(f"global_batch_size {g} (accumulation {g // step})")
+    return (
+        "$.training.global_batch_size",
+        f"{global_bs} is not micro_batch_size ({micro}) × accumulation × data-parallel size "
+        f"({dp}); try " + " or ".join(tries),
+    )
+
+
+def _nearest_divisors(n: int, target: int) -> list[int]:
+    """The divisors of ``n`` next to ``target``: the largest below it, then the smallest above."""
+    below = next(d for d in range(min(target, n), 0, -1) if not n % d)
+    above = next((d for d in range(target + 1, n + 1) if not n % d), None)
+    return [below] if above is None else [below, above]

@@ -1,0 +1,107 @@
+"""One run per output directory: a second run exits 2 naming the first; a killed run's lock
+file never blocks the next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hyper_core import hookimpl
+from hyper_core.config import dump_config, load_config_dict
+from hyper_core.errors import UserError
+from hyper_core.run_lock import LOCK_NAME, RunLock
+from hyper_core.testing import isolated_host, tiny_text_config
+
+_HOLD = (
+    "import sys, time\n"
+    "from hyper_core.run_lock import RunLock\n"
+    "RunLock(sys.argv[1]).acquire()\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``tmp_path / "run"``."""
+    out = tmp_path / "run"
+    out.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_run_into_the_same_output_dir_exits_2_naming_the_first(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    out = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(dump_config(load_config_dict(tiny_text_config(out))))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hyper_core", "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"hyper-train: error: $.run.output_dir: {out} is in use by another hyper-train run "
+        f"(pid {holder.pid} on host {socket.gethostname()}, since "
+    )
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=f"pid {holder.pid} "):
+        RunLock(out).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == holder.pid  # the stale file
+    with RunLock(out):
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_the_lock_is_given_back_when_the_with_block_ends(tmp_path: Path) -> None:
+    with RunLock(tmp_path):
+        with pytest.raises(UserError, match=f"pid {os.getpid()} on host"):
+            RunLock(tmp_path).acquire()
+    with RunLock(tmp_path):
+        pass
+
+
+class _Crash:
+    @hookimpl
+    def on_train_begin(self) -> None:
+        raise RuntimeError("deliberate")
+
+
+def test_a_failed_run_gives_the_output_dir_back(tmp_path: Path) -> None:
+    from hyper_core.trainer.run import run_training
+
+    host = isolated_host([_Crash()])
+    config = load_config_dict(tiny_text_config(tmp_path), sections=host.registries.config_sections)
+    with pytest.raises(RuntimeError, match="deliberate"):
+        run_training(config, host)
+    with RunLock(tmp_path):
+        pass
