@@ -55,6 +55,29 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     )
 
 
+#: Written into every export: which adapter wrote it, so ``hyper-train chat`` and other tools
+#: need no ``--adapter`` where config.json's ``model_type`` names none (e.g. ``hf_causal_lm``).
+EXPORT_RECORD = "hyper_train.json"
+
+
+def write_export_record(out_dir: Path, adapter_name: str) -> None:
+    """Record the adapter of the export in ``out_dir``."""
+    import json
+
+    (out_dir / EXPORT_RECORD).write_text(json.dumps({"adapter": adapter_name}) + "\n")
+
+
+def read_export_adapter(out_dir: Path) -> str | None:
+    """The adapter recorded in an export, if any."""
+    import json
+
+    try:
+        adapter = json.loads((out_dir / EXPORT_RECORD).read_text()).get("adapter")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return adapter if isinstance(adapter, str) else None
+
+
 def export_trained_model(trainer: Any, out_dir: Path) -> Path | None:
     """``[checkpoint] export_hf``: gather the trained weights and write ``out_dir`` (rank 0)."""
     import logging
@@ -66,6 +89,7 @@ def export_trained_model(trainer: Any, out_dir: Path) -> Path | None:
     if trainer.dist.is_main:
         model = trainer.unwrapped_model
         trainer.adapter.export_hf(state, model.config, out_dir, assets=trainer.assets)
+        write_export_record(out_dir, trainer.adapter.name)
         written = out_dir
         logging.getLogger("hyper_train").info(
             "exported the model to %s in %.2f s", out_dir, time.perf_counter() - t0
@@ -99,4 +123,5 @@ def export_checkpoint(config: Any, host: Any, checkpoint: Path, out_dir: Path) -
     model.load_state_dict(state["model"])
     assets = adapter.build_assets(config.model)
     adapter.export_hf(model.state_dict(), model.config, out_dir, assets=assets)
+    write_export_record(out_dir, adapter.name)
     return out_dir

@@ -252,9 +252,15 @@ def _load_export(path: Path, host: PluginHost, adapter_name: str | None) -> Chat
 
 
 def _run_adapter(export: Path) -> str | None:
-    """The adapter of the run whose ``output_dir/hf`` is ``export`` (config.json's
-    ``model_type`` may name no adapter, e.g. ``qwen2`` for ``hf_causal_lm``)."""
+    """The adapter the export records, else that of the run whose ``output_dir/hf`` is
+    ``export`` (config.json's ``model_type`` may name no adapter, e.g. ``qwen2`` for
+    ``hf_causal_lm``)."""
     from .config import read_toml
+    from .export import read_export_adapter
+
+    recorded = read_export_adapter(export)
+    if recorded is not None:
+        return recorded
 
     run_config = export.parent / "config.toml"
     if export.name != "hf" or not run_config.is_file():

@@ -65,6 +65,14 @@ def _setup_logging(debug: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _quiet_library_bars() -> None:
+    """No Hugging Face progress bars (loading, writing weights) in piped logs: they are
+    carriage-return animations. Read by huggingface_hub when transformers is first imported,
+    which the CLI does lazily, after this; a run's own bar mode is handled by the trainer."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def _plugin_commands(argv: Sequence[str]) -> dict[str, Any]:
     """Plugin subcommands (for ``--help`` and non-core commands; plugins import no torch)."""
     from . import commands as core
@@ -97,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = extra
         _setup_logging(args.debug)
+        _quiet_library_bars()
         code = args.handler(args)
         return int(code or 0)
     except UserError as exc:

@@ -124,3 +124,28 @@ def test_fsdp2_view_warning_is_silenced_for_the_root_only(tmp_path: Path) -> Non
         dist.destroy_process_group()
     views = [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
     assert views and all(m.startswith("FSDP2-wrapped module (FSDPUnit)") for m in views), views
+
+
+def test_export_and_chat_show_no_library_bars_in_piped_logs(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """``export`` writes and ``chat`` loads weights through transformers, whose bars animate
+    with carriage returns; with stderr piped (a log file) there must be none."""
+    toml = _toml(tmp_path, model_dir, "none")
+    env_cli = [sys.executable, "-m", "hyper_core"]
+    assert subprocess.run([*env_cli, "run", str(toml)], capture_output=True).returncode == 0
+    out = tmp_path / "run"
+    export = subprocess.run(
+        [*env_cli, "export", str(out), "--out", str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+    )
+    assert export.returncode == 0, export.stderr
+    chat = subprocess.run(
+        [*env_cli, "chat", str(tmp_path / "hf"), "--prompt", "hi", "--max-new-tokens", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert chat.returncode == 0, chat.stderr
+    for proc in (export, chat):
+        assert "it/s" not in proc.stderr and "\r" not in proc.stderr, proc.stderr
