@@ -50,11 +50,17 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from .errors import RunFailed, UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .parallel.env import DistEnv
+    from .trainer.state import TrainState
 
 log = logging.getLogger("hyper_train")
 
@@ -273,10 +279,12 @@ class ModelIdentity:
     shapes: dict[str, list[int]]
 
     @classmethod
-    def of(cls, trainer: Any, model_state: Mapping[str, Any]) -> ModelIdentity:
-        """The identity of ``trainer``'s model; ``model_state`` is its checkpoint state dict
-        (DTensor shapes are global, so any number of ranks gives the same identity)."""
-        model = trainer.unwrapped_model
+    def of(
+        cls, model: torch.nn.Module, adapter: str | None, model_state: Mapping[str, Any]
+    ) -> ModelIdentity:
+        """The identity of ``model`` (unwrapped) built by the adapter named ``adapter``;
+        ``model_state`` is its checkpoint state dict (DTensor shapes are global, so any number
+        of ranks gives the same identity)."""
         hf_config = getattr(model, "config", None)
         config = None
         if hf_config is not None and hasattr(hf_config, "to_dict"):
@@ -286,7 +294,7 @@ class ModelIdentity:
             text = json.dumps(config, sort_keys=True)
             digest = hashlib.sha256(text.encode()).hexdigest()
         return cls(
-            adapter=getattr(trainer.adapter, "name", None),
+            adapter=adapter,
             architecture=_architecture(model),
             config=config,
             config_hash=digest,
@@ -470,14 +478,43 @@ class _Pending:
     started: float
 
 
+class CheckpointedRun(Protocol):
+    """What a :class:`Checkpointer` reads of the run it saves and resumes (the trainer): the
+    train state, the plugin host (``on_save_checkpoint``/``on_load_checkpoint``), and the
+    adapter and strategy that say which model it is (``model.json``)."""
+
+    state: TrainState
+    host: Any
+    adapter: Any
+    strategy: Any
+
+
 class Checkpointer:
     """Saves every ``[checkpoint] every_steps`` and at the end (or on a stop); resumes per
-    ``resume``. Every method that touches a checkpoint is collective: call it on all ranks."""
+    ``resume``. Every method that touches a checkpoint is collective: call it on all ranks.
 
-    def __init__(self, config: Any, dist: Any) -> None:
+    It saves and restores the objects it was built with (``build_checkpointer``'s ``model``,
+    ``optimizer``, ``lr_scheduler`` and ``dataloaders.train``); of the run it reads only what
+    :class:`CheckpointedRun` names.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        dist: DistEnv,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any,
+        dataloaders: Any,
+    ) -> None:
         self.config = config
         self.cfg = config.checkpoint
         self.dist = dist
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.dataloaders = dataloaders
         self.root = Path(config.run.output_dir) / "checkpoints"
         self._pending: _Pending | None = None
         #: The checkpoint chosen to resume from, once chosen (a 1-tuple: None is a choice).
@@ -499,21 +536,24 @@ class Checkpointer:
 
     # -- state --------------------------------------------------------------------------------
 
-    def _app_state(self, trainer: Any) -> dict[str, Any]:
+    def _app_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optimizer": optim_sd}
 
-    def _extra_state(self, trainer: Any) -> dict[str, Any]:
+    def _identity(self, run: CheckpointedRun, model_state: Mapping[str, Any]) -> ModelIdentity:
+        """The identity of the model this checkpointer saves."""
+        model = self.model if run.strategy is None else run.strategy.unwrap(self.model)
+        return ModelIdentity.of(model, getattr(run.adapter, "name", None), model_state)
+
+    def _extra_state(self, run: CheckpointedRun) -> dict[str, Any]:
         plugin_state: dict[str, Any] = {}
-        trainer.host.fire(
-            "on_save_checkpoint", trainer=trainer, state=trainer.state, plugin_state=plugin_state
-        )
+        run.host.fire("on_save_checkpoint", trainer=run, state=run.state, plugin_state=plugin_state)
         return {
-            "train_state": trainer.state.to_dict(),
-            "lr_scheduler": trainer.lr_scheduler.state_dict(),
-            "dataloader": trainer.dataloaders.train.state_dict(),
+            "train_state": run.state.to_dict(),
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "dataloader": self.dataloaders.train.state_dict(),
             "rng": _rng_state(),
             "plugin_state": plugin_state,
             "world_size": self.dist.world_size,
@@ -522,7 +562,7 @@ class Checkpointer:
 
     # -- save ---------------------------------------------------------------------------------
 
-    def maybe_save(self, trainer: Any, *, final: bool = False) -> None:
+    def maybe_save(self, trainer: CheckpointedRun, *, final: bool = False) -> None:
         """Finalise a finished async save; save when the step is a multiple of
         ``every_steps``, or when ``final`` (end of training or an agreed stop)."""
         self.poll()
@@ -532,7 +572,7 @@ class Checkpointer:
         if (due or final) and step != self.last_saved_step:
             self.save(trainer)
 
-    def save(self, trainer: Any) -> Path:
+    def save(self, trainer: CheckpointedRun) -> Path:
         """Write ``step-N`` (all ranks take part). :class:`RunFailed` when the weights are not
         finite (nothing is written) or a write fails (the partial folder is removed); either
         way ``latest`` and the checkpoints are left as they were."""
@@ -543,16 +583,16 @@ class Checkpointer:
         self.wait()
         t0 = time.perf_counter()
         step = trainer.state.global_step
-        self._refuse_non_finite(trainer, step)
+        self._refuse_non_finite(step)
         final_dir = self.root / f"step-{step}"
         tmp_dir = self.root / f"{_TMP_PREFIX}{step}"
-        app = self._app_state(trainer)
+        app = self._app_state()
 
         def begin() -> None:
             if self.dist.is_main:
                 shutil.rmtree(tmp_dir, ignore_errors=True)
                 (tmp_dir / "extra").mkdir(parents=True, exist_ok=True)
-                identity = ModelIdentity.of(trainer, app["model"])
+                identity = self._identity(trainer, app["model"])
                 (tmp_dir / MODEL_FILE).write_text(identity.to_json())
 
         self._agreed_write(begin, step, tmp_dir)
@@ -586,9 +626,9 @@ class Checkpointer:
             )
         return final_dir
 
-    def _refuse_non_finite(self, trainer: Any, step: int) -> None:
+    def _refuse_non_finite(self, step: int) -> None:
         """:class:`RunFailed` (all ranks) when any rank's weights hold a NaN or an inf."""
-        bad = non_finite_parameter(trainer.model)
+        bad = non_finite_parameter(self.model)
         if not self.dist.any_true(bad is not None):
             return
         where = bad or "on another rank"
@@ -782,15 +822,15 @@ class Checkpointer:
             self._resume = (self._first_readable(self._candidates(), []),)
         return self._resume[0]
 
-    def check_resume(self, trainer: Any) -> Path | None:
+    def check_resume(self, trainer: CheckpointedRun) -> Path | None:
         """The checkpoint :meth:`maybe_resume` will load (see :meth:`resume_path`), its model
         checked against ``trainer``'s: :class:`UserError` naming what differs (collective)."""
         path = self.resume_path()
         if path is not None:
-            self._check_identity(trainer, path, self._app_state(trainer)["model"])
+            self._check_identity(trainer, path, self._app_state()["model"])
         return path
 
-    def maybe_resume(self, trainer: Any) -> Path | None:
+    def maybe_resume(self, trainer: CheckpointedRun) -> Path | None:
         """Load the checkpoint chosen by :meth:`resume_path`, if any; under ``auto`` one that
         fails to load gives way to the previous complete one."""
         path = self.resume_path()
@@ -805,7 +845,9 @@ class Checkpointer:
                 self._resume = (path,)
         return None
 
-    def _check_identity(self, trainer: Any, path: Path, model_state: Mapping[str, Any]) -> None:
+    def _check_identity(
+        self, trainer: CheckpointedRun, path: Path, model_state: Mapping[str, Any]
+    ) -> None:
         """:class:`UserError` naming what differs when ``path`` holds another model."""
         saved = read_identity(path)
         if saved is None:
@@ -814,7 +856,7 @@ class Checkpointer:
                     "%s has no %s (an older checkpoint): its model is not checked", path, MODEL_FILE
                 )
             return
-        diffs = saved.differences(ModelIdentity.of(trainer, model_state))
+        diffs = saved.differences(self._identity(trainer, model_state))
         if diffs:
             raise UserError(
                 f"$.model: checkpoint {path} holds another model ({'; '.join(diffs)}); resume "
@@ -822,7 +864,7 @@ class Checkpointer:
                 "another output_dir"
             )
 
-    def load(self, trainer: Any, path: Path) -> None:
+    def load(self, trainer: CheckpointedRun, path: Path) -> None:
         """Restore model, optimizer, scheduler, data position, RNG and plugin state.
 
         :class:`UserError` when ``path`` holds another model; :class:`CheckpointUnreadable`
@@ -834,7 +876,7 @@ class Checkpointer:
 
         t0 = time.perf_counter()
         extra = read_extra_state(path, self.dist.rank)
-        app = self._app_state(trainer)
+        app = self._app_state()
         self._check_identity(trainer, path, app["model"])
         try:
             with _quiet_single_process():
@@ -842,14 +884,14 @@ class Checkpointer:
         except (Exception, CheckpointException) as exc:
             raise CheckpointUnreadable(path, _one_line(exc)) from exc
         set_state_dict(
-            trainer.model,
-            trainer.optimizer,
+            self.model,
+            self.optimizer,
             model_state_dict=app["model"],
             optim_state_dict=app["optimizer"],
         )
         trainer.state.load_dict(extra["train_state"])
-        trainer.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        trainer.dataloaders.train.load_state_dict(extra["dataloader"])
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        self.dataloaders.train.load_state_dict(extra["dataloader"])
         saved_world = extra.get("world_size")
         if saved_world == self.dist.world_size:
             _set_rng_state(extra["rng"])

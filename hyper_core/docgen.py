@@ -19,13 +19,10 @@ from . import hookspecs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-#: A short, realistic implementation per hook.
+#: A short, realistic implementation per hook (completed below with the ``Example::`` blocks of
+#: the hookspec docstrings). tests/core/test_hook_examples.py runs each in a tiny run (free names
+#: such as ``COUNTER`` get stand-ins there).
 EXAMPLES: dict[str, str] = {
-    "register_model_adapters": (
-        "@hookimpl\ndef register_model_adapters(register):\n"
-        '    register("llava", "my_llava.adapter:LlavaAdapter",\n'
-        '             aliases=["LlavaForConditionalGeneration"])'
-    ),
     "register_batching_runtimes": (
         "@hookimpl\ndef register_batching_runtimes(register):\n"
         '    register("sorted_padded", "my_pkg.batching:SortedPaddedRuntime")'
@@ -38,10 +35,6 @@ EXAMPLES: dict[str, str] = {
         "@hookimpl\ndef register_dataset_formats(register):\n"
         "    # fn(path, options, base_dir) -> list of raw sample dicts\n"
         '    register("parquet_chat", "my_pkg.formats:load_parquet_chat")'
-    ),
-    "register_config_sections": (
-        "@hookimpl\ndef register_config_sections(register):\n"
-        '    register("memory_profiler", "hyper_memory_profiler.config:MemoryProfilerConfig")'
     ),
     "register_commands": (
         "@hookimpl\ndef register_commands(register):\n"
@@ -88,9 +81,10 @@ EXAMPLES: dict[str, str] = {
     "build_data_transform": (
         "@hookimpl(wrapper=True)\ndef build_data_transform(config, adapter, assets):\n"
         "    transform = yield\n"
-        "    def lowercase_first(sample):\n"
-        '        return transform({**sample, "prompt": sample["prompt"].lower()})\n'
-        "    return lowercase_first"
+        "    def without_system_turns(sample):\n"
+        '        messages = [m for m in sample["messages"] if m["role"] != "system"]\n'
+        '        return transform({**sample, "messages": messages})\n'
+        "    return without_system_turns"
     ),
     "build_dataset": (
         "@hookimpl(wrapper=True)\ndef build_dataset(config, transform, dist, registries):\n"
@@ -129,11 +123,23 @@ EXAMPLES: dict[str, str] = {
     ),
     "build_lr_scheduler": (
         "@hookimpl\ndef build_lr_scheduler(config, optimizer, train_iters):\n"
-        "    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=train_iters // 3)"
+        "    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, train_iters // 3))"
     ),
     "build_training_context": (
         "@hookimpl\ndef build_training_context(config, model, dist):\n"
         "    return lambda: torch.autocast(dist.device.type, dtype=torch.float16)"
+    ),
+    "build_evaluator": (
+        "@hookimpl(wrapper=True)\ndef build_evaluator(config, dist):\n"
+        "    evaluator = yield\n"
+        "    class WithBestLoss:\n"
+        '        best = float("inf")\n'
+        "        def evaluate(self):\n"
+        "            metrics = evaluator.evaluate()\n"
+        '            self.best = min(self.best, metrics["eval_loss"])\n'
+        '            metrics["best_eval_loss"] = self.best\n'
+        "            return metrics\n"
+        "    return WithBestLoss()"
     ),
     "build_checkpointer": (
         "@hookimpl(wrapper=True)\ndef build_checkpointer(config, dist, model, optimizer,\n"
@@ -141,15 +147,6 @@ EXAMPLES: dict[str, str] = {
         "    checkpointer = yield\n"
         '    print(f"checkpoints go to {checkpointer.root}")\n'
         "    return checkpointer"
-    ),
-    "build_callbacks": (
-        "class Wandb:\n"
-        "    @hookimpl\n"
-        "    def on_log(self, metrics):\n"
-        "        wandb.log(metrics)\n\n"
-        "@hookimpl(wrapper=True)\ndef build_callbacks(config, dist):\n"
-        "    callbacks = yield\n"
-        "    return [*callbacks, Wandb()] if dist.is_main else callbacks"
     ),
     "on_stage_end": (
         "@hookimpl\ndef on_stage_end(stage, result, trainer):\n"
@@ -207,6 +204,19 @@ EXAMPLES: dict[str, str] = {
     ),
 }
 
+
+def docstring_example(name: str) -> str | None:
+    """The ``Example::`` block of hook ``name``'s docstring, if it has one."""
+    doc = inspect.cleandoc(getattr(hookspecs, name).__doc__ or "")
+    _, found, rest = doc.partition("Example::\n")
+    return textwrap.dedent(rest).strip() if found else None
+
+
+for _name in hookspecs.REGISTRATION_HOOKS + hookspecs.BUILD_STAGES + hookspecs.LIFECYCLE_EVENTS:
+    _example = docstring_example(_name)
+    if _example is not None:  # the docstring's example is the one shown
+        EXAMPLES[_name] = _example
+
 _SECTIONS = (
     (
         "Registration hooks",
@@ -228,8 +238,19 @@ _SECTIONS = (
 
 
 def _signature(fn: Any) -> str:
-    params = ", ".join(inspect.signature(fn).parameters)
-    return f"{fn.__name__}({params})"
+    """``name(param: Type, ...) -> Result`` as written in the hookspec (annotations unevaluated)."""
+    sig = inspect.signature(fn)
+    params = ", ".join(
+        name if p.annotation is p.empty else f"{name}: {p.annotation}"
+        for name, p in sig.parameters.items()
+    )
+    result = "" if sig.return_annotation is sig.empty else f" -> {sig.return_annotation}"
+    return f"{fn.__name__}({params}){result}"
+
+
+def example_of(name: str) -> str | None:
+    """The example shown for hook ``name`` (:data:`EXAMPLES`' entry), or None."""
+    return EXAMPLES.get(name)
 
 
 def render_hooks() -> str:
@@ -250,9 +271,9 @@ def render_hooks() -> str:
         for name in names:
             fn = getattr(hookspecs, name)
             out += [f"### `{_signature(fn)}`", ""]
-            out += [textwrap.dedent(fn.__doc__ or "").strip(), ""]
+            out += [inspect.cleandoc(fn.__doc__ or ""), ""]
             example = EXAMPLES.get(name)
-            if example:
+            if example and docstring_example(name) is None:  # else the docstring shows it
                 out += ["```python", example, "```", ""]
     return "\n".join(out).rstrip() + "\n"
 

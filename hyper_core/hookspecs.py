@@ -8,18 +8,50 @@ Three kinds of hook, called by the trainer in a fixed order (see ``docs/architec
 * **Build stages** run once per run, in the order of :data:`BUILD_STAGES`. They are
   ``firstresult``: the first implementation that returns something other than ``None`` wins. The
   core's defaults are registered ``trylast``, so a plugin replaces a stage by returning a value,
-  or wraps it with ``@hookimpl(wrapper=True)``. After each stage ``on_stage_end`` fires.
+  or wraps it with ``@hookimpl(wrapper=True)``. After each stage ``on_stage_end`` fires. The
+  exception is ``build_callbacks``, which collects every plugin's per-run object: a plugin
+  keeps the state of one run on that object, which receives the rest of the run's hooks.
 * **Lifecycle events** run every implementation; their return values are ignored.
 
 All hooks are called with keyword arguments; an implementation may accept any subset of a
-hook's parameters. Types named in the docstrings live in :mod:`hyper_core.types`.
+hook's parameters. The types of the parameters and results (value objects and
+:class:`typing.Protocol` classes) live in :mod:`hyper_core.types`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from .adapters.base import ModelAdapter
+    from .batching.base import BatchingRuntime
+    from .config import Config
+    from .parallel.base import ParallelStrategy
+    from .registry import Registries
+    from .trainer.evaluate import Evaluator
+    from .trainer.trainer import Trainer
+    from .training.lockstep import Lockstep
+    from .types import (
+        Checkpointer,
+        Collate,
+        DataLoaders,
+        DatasetSplits,
+        DistEnv,
+        GetBatch,
+        LossFn,
+        MicroBatch,
+        ModelAssets,
+        Register,
+        RegisterCommand,
+        RegisterSection,
+        TrainingContext,
+        TrainState,
+        Transform,
+    )
 
 PROJECT_NAME = "hyper_train"
 
@@ -29,6 +61,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 #: The build stages in the order the trainer runs them.
 BUILD_STAGES: tuple[str, ...] = (
     "setup_distributed",
+    "build_callbacks",
     "build_model",
     "parallelize_model",
     "build_loss",
@@ -42,8 +75,8 @@ BUILD_STAGES: tuple[str, ...] = (
     "build_optimizer",
     "build_lr_scheduler",
     "build_training_context",
+    "build_evaluator",
     "build_checkpointer",
-    "build_callbacks",
 )
 
 #: The lifecycle events, roughly in the order they first fire.
@@ -79,7 +112,7 @@ REGISTRATION_HOOKS: tuple[str, ...] = (
 
 
 @hookspec
-def register_model_adapters(register: Any) -> None:
+def register_model_adapters(register: Register) -> None:
     """Register model adapters.
 
     Called once per process while plugins load. Call
@@ -99,7 +132,7 @@ def register_model_adapters(register: Any) -> None:
 
 
 @hookspec
-def register_batching_runtimes(register: Any) -> None:
+def register_batching_runtimes(register: Register) -> None:
     """Register batching runtimes (``[data] batching = NAME``).
 
     ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a
@@ -109,7 +142,7 @@ def register_batching_runtimes(register: Any) -> None:
 
 
 @hookspec
-def register_parallel_strategies(register: Any) -> None:
+def register_parallel_strategies(register: Register) -> None:
     """Register parallel strategies (``[parallel] strategy = NAME``).
 
     ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a
@@ -119,17 +152,27 @@ def register_parallel_strategies(register: Any) -> None:
 
 
 @hookspec
-def register_dataset_formats(register: Any) -> None:
+def register_dataset_formats(register: Register) -> None:
     """Register dataset formats (``[data] train = { format = NAME, ... }``).
 
     ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a callable or
-    ``"module:function"`` taking ``(source, config)`` and returning an iterable of raw sample
-    dicts (see :class:`~hyper_core.data.DatasetFormat`). The core registers ``jsonl``.
+    ``"module:function"`` called as ``fn(path, options, base_dir)``: ``path`` the source's
+    ``path`` (or the plain string of ``[data] train``), ``options`` its other keys (without
+    ``format`` and ``image_dir``), ``base_dir`` the config file's directory. It returns a list
+    of fresh raw sample dicts (see :class:`~hyper_core.data.DatasetFormat`). The core
+    registers ``jsonl`` and ``shapes``.
+
+    A format declares its options as an attrs class in the callable's ``options`` attribute
+    (``load_csv.options = CsvOptions``, as :class:`~hyper_core.data.jsonl.JsonlOptions` and
+    :class:`~hyper_core.data.shapes.ShapesOptions` do): they are then validated with the rest
+    of the config (``hyper-train config validate`` names ``$.data.train.KEY``, unknown keys
+    included) and ``options`` is an instance of the class. Without the attribute, ``options`` is
+    the dict, checked only when the run reads the data.
     """
 
 
 @hookspec
-def register_config_sections(register: Any) -> None:
+def register_config_sections(register: RegisterSection) -> None:
     """Register top-level config sections owned by a plugin.
 
     ``register(name, cls)`` with ``cls`` an attrs class (or ``"module:Class"``) whose fields are the
@@ -145,7 +188,7 @@ def register_config_sections(register: Any) -> None:
 
 
 @hookspec
-def register_commands(register: Any) -> None:
+def register_commands(register: RegisterCommand) -> None:
     """Register ``hyper-train`` subcommands.
 
     ``register(name, add_arguments, run, help="")``: ``add_arguments(parser)`` fills an argparse
@@ -160,7 +203,7 @@ def register_commands(register: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def setup_distributed(config: Any) -> Any:
+def setup_distributed(config: Config) -> DistEnv | None:
     """Initialise the process group and device mesh.
 
     Receives the validated :class:`~hyper_core.config.Config`. Returns a
@@ -170,7 +213,7 @@ def setup_distributed(config: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def build_model(config: Any, adapter: Any, dist: Any) -> Any:
+def build_model(config: Config, adapter: ModelAdapter, dist: DistEnv) -> torch.nn.Module | None:
     """Build the ``torch.nn.Module`` to train.
 
     ``adapter`` is the resolved :class:`~hyper_core.adapters.ModelAdapter`; ``dist`` the
@@ -180,7 +223,13 @@ def build_model(config: Any, adapter: Any, dist: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
+def parallelize_model(
+    config: Config,
+    model: torch.nn.Module,
+    adapter: ModelAdapter,
+    dist: DistEnv,
+    strategy: ParallelStrategy,
+) -> torch.nn.Module | None:
     """Apply the parallel strategy and return the model to train.
 
     ``strategy`` is the :class:`~hyper_core.parallel.ParallelStrategy` named by
@@ -191,7 +240,7 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
 
 
 @hookspec(firstresult=True)
-def build_loss(config: Any, adapter: Any) -> Any:
+def build_loss(config: Config, adapter: ModelAdapter) -> LossFn | None:
     """Return the loss function ``loss_fn(outputs, loss_inputs, num_loss_tokens) -> (loss, dict)``.
 
     ``num_loss_tokens`` is the global count of loss tokens of the whole step (all ranks, all
@@ -201,12 +250,14 @@ def build_loss(config: Any, adapter: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def build_model_assets(config: Any, adapter: Any) -> Any:
+def build_model_assets(config: Config, adapter: ModelAdapter) -> ModelAssets | None:
     """Return the :class:`~hyper_core.types.ModelAssets` (tokenizer, processor) of the model."""
 
 
 @hookspec(firstresult=True)
-def build_data_transform(config: Any, adapter: Any, assets: Any) -> Any:
+def build_data_transform(
+    config: Config, adapter: ModelAdapter, assets: ModelAssets
+) -> Transform | None:
     """Return ``transform(sample: dict) -> SampleFeatures`` turning a raw sample into tokens.
 
     The transform raises :class:`~hyper_core.data.SampleError` for a bad sample; the dataset
@@ -215,12 +266,16 @@ def build_data_transform(config: Any, adapter: Any, assets: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def build_dataset(config: Any, transform: Any, dist: Any, registries: Any) -> Any:
+def build_dataset(
+    config: Config, transform: Transform, dist: DistEnv, registries: Registries
+) -> DatasetSplits | None:
     """Return the :class:`~hyper_core.types.DatasetSplits` (train and optional eval)."""
 
 
 @hookspec(firstresult=True)
-def build_collate_fn(config: Any, runtime: Any, assets: Any) -> Any:
+def build_collate_fn(
+    config: Config, runtime: BatchingRuntime, assets: ModelAssets
+) -> Collate | None:
     """Return ``collate(features: list[SampleFeatures]) -> list[MicroBatch]``.
 
     The list holds one rank's samples for one optimizer step; the result is that step's
@@ -229,7 +284,9 @@ def build_collate_fn(config: Any, runtime: Any, assets: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> Any:
+def build_dataloader(
+    config: Config, datasets: DatasetSplits, collate_fn: Collate, dist: DistEnv
+) -> DataLoaders | None:
     """Return the :class:`~hyper_core.types.DataLoaders` (train and optional eval).
 
     The train loader yields, per optimizer step, the list of this rank's micro-batches; it is
@@ -238,27 +295,37 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
 
 
 @hookspec(firstresult=True)
-def build_get_batch(config: Any, runtime: Any, dist: Any) -> Any:
-    """Return ``get_batch(micro_batches) -> list[(model_inputs, loss_inputs)]`` on the device."""
+def build_get_batch(config: Config, runtime: BatchingRuntime, dist: DistEnv) -> GetBatch | None:
+    """Return ``get_batch(micro_batch) -> (model_inputs, loss_inputs)``.
+
+    It is called once per micro-batch (a :class:`~hyper_core.types.MicroBatch`, still on the
+    host) and returns the two dicts of tensors on ``dist.device``: ``model_inputs`` go to the
+    model's forward, ``loss_inputs`` (``labels``) to the loss. The default is the runtime's
+    ``to_device``.
+    """
 
 
 @hookspec(firstresult=True)
-def compute_train_iters(config: Any, dataloaders: Any, dist: Any) -> Any:
+def compute_train_iters(config: Config, dataloaders: DataLoaders, dist: DistEnv) -> int | None:
     """Return the number of optimizer steps of the run (``steps``, or ``epochs`` × steps/epoch)."""
 
 
 @hookspec(firstresult=True)
-def build_optimizer(config: Any, model: Any) -> Any:
+def build_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer | None:
     """Return the ``torch.optim.Optimizer`` (default: AdamW, no weight decay on 1-D params)."""
 
 
 @hookspec(firstresult=True)
-def build_lr_scheduler(config: Any, optimizer: Any, train_iters: int) -> Any:
+def build_lr_scheduler(
+    config: Config, optimizer: torch.optim.Optimizer, train_iters: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Return the LR scheduler (constant, linear or cosine, with linear warmup)."""
 
 
 @hookspec(firstresult=True)
-def build_training_context(config: Any, model: Any, dist: Any) -> Any:
+def build_training_context(
+    config: Config, model: torch.nn.Module, dist: DistEnv
+) -> TrainingContext | None:
     """Return a zero-argument callable giving the context manager around each forward.
 
     The default enables bf16 autocast with ``[training] mixed_precision = "bf16"``.
@@ -266,19 +333,80 @@ def build_training_context(config: Any, model: Any, dist: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def build_checkpointer(
-    config: Any, dist: Any, model: Any, optimizer: Any, lr_scheduler: Any, dataloaders: Any
-) -> Any:
-    """Return the :class:`~hyper_core.checkpoint.Checkpointer` that saves and resumes the run."""
+def build_evaluator(
+    config: Config,
+    dist: DistEnv,
+    adapter: ModelAdapter,
+    strategy: ParallelStrategy,
+    model: torch.nn.Module,
+    loss_fn: LossFn,
+    assets: ModelAssets,
+    dataloaders: DataLoaders,
+    get_batch: GetBatch,
+    training_context: TrainingContext,
+    lockstep: Lockstep[MicroBatch],
+) -> Evaluator | None:
+    """Return the :class:`~hyper_core.trainer.evaluate.Evaluator` the run evaluates with.
+
+    Its ``evaluate()`` returns the metrics dict logged under ``eval`` (a collective: every rank
+    calls it). The default, :class:`~hyper_core.trainer.evaluate.DefaultEvaluator`, computes
+    ``eval_loss`` with ``loss_fn`` (the same normalisation as training), ``perplexity``,
+    ``token_accuracy``, exact match per question type and ``eval_generate_samples``; it runs
+    its forwards through ``lockstep`` (:class:`~hyper_core.training.lockstep.Lockstep`) so that
+    every rank runs as many as the others. A ``samples`` entry is written to
+    ``eval_samples.jsonl``.
+    """
 
 
 @hookspec(firstresult=True)
-def build_callbacks(config: Any, dist: Any) -> Any:
-    """Return a list of objects with lifecycle hook implementations for this run.
+def build_checkpointer(
+    config: Config,
+    dist: DistEnv,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    dataloaders: DataLoaders,
+) -> Checkpointer | None:
+    """Return the :class:`~hyper_core.types.Checkpointer` that saves and resumes the run.
 
-    They are registered on the plugin manager for the duration of the run (the core's progress
-    bar and metrics writer are such callbacks). Implementations must extend, not replace, the
-    list: use a wrapper (``@hookimpl(wrapper=True)``) and append to the result.
+    The default is :class:`hyper_core.checkpoint.Checkpointer` (DCP checkpoints under
+    ``output_dir/checkpoints``).
+    """
+
+
+@hookspec
+def build_callbacks(
+    config: Config, dist: DistEnv, adapter: ModelAdapter
+) -> object | list[object] | None:
+    """Return this plugin's per-run object (or ``None``; a list of objects is also accepted).
+
+    The one *collecting* build stage: every implementation runs, right after
+    ``setup_distributed``, and each object returned is registered on the plugin manager for this
+    run only (unregistered when the run ends, also after an error), so that a plugin's per-run
+    state lives on an object the run owns, never at module level or on the model. The object's
+    ``@hookimpl`` methods receive the rest of the run: ``on_stage_end`` of every later stage
+    (``build_callbacks`` first), the build stages themselves (e.g. a ``parallelize_model``
+    wrapper) and all lifecycle events. ``adapter`` is the run's
+    :class:`~hyper_core.adapters.ModelAdapter`; the model is not built yet. The core returns
+    the progress display on rank 0.
+
+    An object with ``runs_vision_encoder_on_every_rank = True`` makes every rank call the
+    vision encoder in every micro-step itself, so batching adds no vision filler to image-less
+    micro-batches (see :class:`~hyper_core.batching.BatchingOptions`).
+
+    Example::
+
+        class MyRun:
+            def __init__(self, config):
+                self.steps = 0
+
+            @hookimpl
+            def on_step_end(self, state):
+                self.steps += 1
+
+        @hookimpl
+        def build_callbacks(config, dist, adapter):
+            return MyRun(config) if config.section("my_plugin").enabled else None
     """
 
 
@@ -288,16 +416,16 @@ def build_callbacks(config: Any, dist: Any) -> Any:
 
 
 @hookspec
-def on_stage_end(stage: str, result: Any, trainer: Any) -> None:
+def on_stage_end(stage: str, result: Any, trainer: Trainer) -> None:
     """A build stage finished. ``stage`` is its hook name, ``result`` what it returned.
 
-    ``trainer`` is the :class:`~hyper_core.trainer.Trainer`; the objects built so far are its
-    attributes (``trainer.model``, ``trainer.optimizer``, ...).
+    ``trainer`` is the :class:`~hyper_core.trainer.trainer.Trainer`; the objects built so far
+    are its attributes (``trainer.model``, ``trainer.optimizer``, ...).
     """
 
 
 @hookspec
-def on_train_begin(trainer: Any, state: Any) -> None:
+def on_train_begin(trainer: Trainer, state: TrainState) -> None:
     """All stages built and a checkpoint (if any) restored; the first step is about to run.
 
     ``state`` is the :class:`~hyper_core.types.TrainState` (``global_step``, ``epoch``, ...).
@@ -305,12 +433,12 @@ def on_train_begin(trainer: Any, state: Any) -> None:
 
 
 @hookspec
-def on_epoch_begin(trainer: Any, state: Any, epoch: int) -> None:
+def on_epoch_begin(trainer: Trainer, state: TrainState, epoch: int) -> None:
     """An epoch of the train loader starts (also fires for a resumed, partial epoch)."""
 
 
 @hookspec
-def on_step_begin(trainer: Any, state: Any, micro_batches: list[Any]) -> None:
+def on_step_begin(trainer: Trainer, state: TrainState, micro_batches: list[MicroBatch]) -> None:
     """All micro-batches of a step are fetched; forward/backward is about to start.
 
     ``micro_batches`` are the :class:`~hyper_core.types.MicroBatch` objects (still on the host).
@@ -318,13 +446,19 @@ def on_step_begin(trainer: Any, state: Any, micro_batches: list[Any]) -> None:
 
 
 @hookspec
-def on_micro_step_end(trainer: Any, state: Any, micro_step: int, loss: Any) -> None:
+def on_micro_step_end(
+    trainer: Trainer, state: TrainState, micro_step: int, loss: torch.Tensor
+) -> None:
     """One micro-batch's forward and backward finished. ``loss`` is its (scaled) loss tensor."""
 
 
 @hookspec
 def on_step_end(
-    trainer: Any, state: Any, loss: float, loss_dict: dict[str, float], grad_norm: float | None
+    trainer: Trainer,
+    state: TrainState,
+    loss: float,
+    loss_dict: dict[str, float],
+    grad_norm: float | None,
 ) -> None:
     """An optimizer step finished and ``state.global_step`` was incremented.
 
@@ -333,7 +467,7 @@ def on_step_end(
 
 
 @hookspec
-def on_log(trainer: Any, state: Any, metrics: dict[str, Any]) -> None:
+def on_log(trainer: Trainer, state: TrainState, metrics: dict[str, Any]) -> None:
     """Metrics of a logged step (every ``[logging] every_steps``). Runs on every rank.
 
     Implementations may add keys to ``metrics`` (they are written to ``metrics.jsonl`` after this
@@ -342,35 +476,39 @@ def on_log(trainer: Any, state: Any, metrics: dict[str, Any]) -> None:
 
 
 @hookspec
-def on_evaluate(trainer: Any, state: Any, metrics: dict[str, Any]) -> None:
+def on_evaluate(trainer: Trainer, state: TrainState, metrics: dict[str, Any]) -> None:
     """An evaluation finished; ``metrics`` holds ``eval_loss`` and whatever plugins added."""
 
 
 @hookspec
-def on_save_checkpoint(trainer: Any, state: Any, plugin_state: dict[str, Any]) -> None:
-    """A checkpoint is being written. Add picklable-free JSON-able state under a plugin's key.
+def on_save_checkpoint(trainer: Trainer, state: TrainState, plugin_state: dict[str, Any]) -> None:
+    """A checkpoint is being written: store this plugin's state in ``plugin_state`` under its
+    own key.
 
-    ``plugin_state`` is saved with the checkpoint and given back to ``on_load_checkpoint``.
+    Each rank saves its ``plugin_state`` with the checkpoint, and ``on_load_checkpoint`` gets it
+    back on resume. It is read with ``torch.load(weights_only=True)``, so store only plain
+    data: dicts, lists, tuples, strings, numbers, booleans, ``None`` and tensors (no objects of
+    your own classes).
     """
 
 
 @hookspec
-def on_load_checkpoint(trainer: Any, state: Any, plugin_state: dict[str, Any]) -> None:
+def on_load_checkpoint(trainer: Trainer, state: TrainState, plugin_state: dict[str, Any]) -> None:
     """A checkpoint was restored; ``plugin_state`` is what ``on_save_checkpoint`` stored."""
 
 
 @hookspec
-def on_epoch_end(trainer: Any, state: Any, epoch: int) -> None:
+def on_epoch_end(trainer: Trainer, state: TrainState, epoch: int) -> None:
     """The train loader is exhausted for ``epoch``."""
 
 
 @hookspec
-def on_train_end(trainer: Any, state: Any) -> None:
+def on_train_end(trainer: Trainer, state: TrainState) -> None:
     """The run finished normally (also after a clean stop on SIGTERM/Ctrl-C)."""
 
 
 @hookspec
-def on_train_error(trainer: Any, state: Any, exc: BaseException) -> None:
+def on_train_error(trainer: Trainer, state: TrainState, exc: BaseException) -> None:
     """The run failed with ``exc``. The original exception propagates after this hook.
 
     An exception raised by an implementation is logged, never raised over ``exc``.

@@ -12,31 +12,17 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import attrs
 
 from .errors import PluginError
+from .known_plugins import known_distributions
 
 T = TypeVar("T")
 
 _SUFFIXES = ("forconditionalgeneration", "forcausallm")
-
-#: Model types the project's own adapter distributions serve, for "pip install ..." hints.
-KNOWN_ADAPTER_DISTRIBUTIONS: dict[str, str] = {
-    "qwen2vl": "hyper-train-qwen-vl",
-    "qwen25vl": "hyper-train-qwen-vl",
-    "qwen3vl": "hyper-train-qwen-vl",
-    "qwen3vlmoe": "hyper-train-qwen-vl",
-    "kimik25": "hyper-train-kimi-k26",
-    "kimik26": "hyper-train-kimi-k26",
-}
-
-#: Strategies provided by the project's plugin distributions.
-KNOWN_STRATEGY_DISTRIBUTIONS: dict[str, str] = {
-    "encoderparallel": "hyper-train-encoder-parallel",
-}
 
 
 def normalize_name(name: str) -> str:
@@ -87,11 +73,13 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Components of one kind, by normalised name."""
 
-    def __init__(self, kind: str, known_distributions: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: str, known: Mapping[str, str] | None = None) -> None:
+        """``known``: ``name -> distribution`` of first-party names, for "pip install" hints
+        (see :mod:`hyper_core.known_plugins`)."""
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}  # canonical key -> entry
         self._keys: dict[str, str] = {}  # any normalised name/alias -> canonical key
-        self._known = known_distributions or {}
+        self._known = {normalize_name(n): d for n, d in (known or {}).items()}
         #: Installed distributions whose plugins were not loaded -> why (set by the host), so
         #: that a missing name they provide is not answered with "pip install".
         self.unavailable: dict[str, str] = {}
@@ -180,13 +168,15 @@ class Registry(Generic[T]):
 
 
 class SectionTable(dict[str, Any]):
-    """Plugin config sections by name (name -> SectionSpec), and the installed distributions
-    whose plugins were not loaded (-> why), so that a section of one is not answered with
-    "pip install"."""
+    """Plugin config sections by name (name -> SectionSpec), with what loading a config needs
+    besides: the installed distributions whose plugins were not loaded (-> why), so that a
+    section of one is not answered with "pip install", and the dataset formats, whose declared
+    option classes validate ``[data] train``/``eval``."""
 
-    def __init__(self) -> None:
+    def __init__(self, dataset_formats: Registry[Any] | None = None) -> None:
         super().__init__()
         self.unavailable: dict[str, str] = {}
+        self.dataset_formats = dataset_formats
 
 
 @attrs.define
@@ -194,14 +184,16 @@ class Registries:
     """All registries of one plugin manager."""
 
     model_adapters: Registry[Any] = attrs.field(
-        factory=lambda: Registry("model adapter", KNOWN_ADAPTER_DISTRIBUTIONS)
+        factory=lambda: Registry("model adapter", known_distributions("adapters"))
     )
     batching_runtimes: Registry[Any] = attrs.field(factory=lambda: Registry("batching runtime"))
     parallel_strategies: Registry[Any] = attrs.field(
-        factory=lambda: Registry("parallel strategy", KNOWN_STRATEGY_DISTRIBUTIONS)
+        factory=lambda: Registry("parallel strategy", known_distributions("strategies"))
     )
     dataset_formats: Registry[Any] = attrs.field(factory=lambda: Registry("dataset format"))
-    config_sections: SectionTable = attrs.field(factory=lambda: SectionTable())
+    config_sections: SectionTable = attrs.field(
+        default=attrs.Factory(lambda self: SectionTable(self.dataset_formats), takes_self=True)
+    )
     commands: dict[str, Any] = attrs.field(factory=dict)  # name -> CommandSpec
 
     def by_hook(self) -> dict[str, Registry[Any]]:

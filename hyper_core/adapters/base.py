@@ -1,10 +1,16 @@
-"""The model adapter extension point: everything model-specific lives behind this class."""
+"""The model adapter extension point: everything model-specific lives behind these classes.
+
+:class:`ModelAdapter` is what every adapter implements. Optional capabilities are
+:class:`typing.Protocol` classes an adapter satisfies by defining their methods; the features
+that need one check for it with ``isinstance``: :class:`VisionEncoderAdapter` (encoder
+parallelism) and :class:`MoEAdapter` (expert parallelism, MoE statistics).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 
@@ -22,8 +28,9 @@ class VisionEncoderSpec:
 
     ``module`` is the dotted path of the encoder inside the model; ``input_keys`` are the
     model-input keys it consumes (the patch tensor first, then per-image metadata such as
-    ``image_grid_thw``). The adapter's :meth:`ModelAdapter.split_vision_inputs` and
-    :meth:`ModelAdapter.call_vision_encoder` give the per-image view.
+    ``image_grid_thw``). An adapter that declares one implements :class:`VisionEncoderAdapter`,
+    whose :meth:`~VisionEncoderAdapter.split_vision_inputs` and
+    :meth:`~VisionEncoderAdapter.call_vision_encoder` give the per-image view.
     """
 
     module: str
@@ -78,9 +85,11 @@ class ModelAssets:
 
 
 class ModelAdapter:
-    """Base class of model adapters. Subclasses set :attr:`name` and override what differs.
+    """Base class of model adapters: the API every adapter implements. Subclasses set
+    :attr:`name` and override what differs.
 
-    Registered with ``register_model_adapters``; instantiated without arguments.
+    Registered with ``register_model_adapters``; instantiated without arguments. Optional
+    capabilities: :class:`VisionEncoderAdapter`, :class:`MoEAdapter`.
     """
 
     name: ClassVar[str] = ""
@@ -168,35 +177,6 @@ class ModelAdapter:
         """
         return None
 
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Per-image vision inputs of a micro-batch (for encoder parallelism).
-
-        One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
-        dicts' tensors along dim 0 gives back the inputs of several images.
-        """
-        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
-        """Run the vision encoder (and projector) of ``model`` on the inputs of some images.
-
-        ``vision_inputs`` is :meth:`split_vision_inputs`' per-image dicts concatenated. The
-        result holds one tensor per image in sequences (``transformers``' ``get_image_features``
-        convention: ``.pooler_output`` a tuple of ``(tokens_i, hidden)``, optional further
-        per-image fields such as ``.deepstack_features``), and is what
-        :meth:`inject_vision_outputs` accepts.
-        """
-        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-
-    def inject_vision_outputs(
-        self, model_inputs: Mapping[str, Any], outputs: Any
-    ) -> dict[str, Any]:
-        """Model inputs that carry precomputed encoder ``outputs`` instead of the pixels.
-
-        :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
-        convention (``mm_encoder_outputs``).
-        """
-        raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-
     # -- export -------------------------------------------------------------------------------
 
     def export_hf(
@@ -210,3 +190,97 @@ class ModelAdapter:
         from ..export import save_hf_checkpoint
 
         save_hf_checkpoint(state_dict, hf_config, out_dir, assets=assets)
+
+
+@runtime_checkable
+class VisionEncoderAdapter(Protocol):
+    """Capability: the vision encoder runs per image, outside the model's forward.
+
+    Encoder parallelism needs it, together with a :class:`ParallelPlan` whose
+    ``vision_encoder`` is set. :class:`~hyper_core.adapters.hf.HFModelAdapter` implements it
+    with ``transformers``' VL conventions.
+    """
+
+    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Per-image vision inputs of a micro-batch (for encoder parallelism).
+
+        One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
+        dicts' tensors along dim 0 gives back the inputs of several images.
+        """
+        ...
+
+    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+        """Run the vision encoder (and projector) of ``model`` on the inputs of some images.
+
+        ``vision_inputs`` is :meth:`split_vision_inputs`' per-image dicts concatenated. The
+        result holds one tensor per image in sequences (``transformers``' ``get_image_features``
+        convention: ``.pooler_output`` a tuple of ``(tokens_i, hidden)``, optional further
+        per-image fields such as ``.deepstack_features``), and is what
+        :meth:`inject_vision_outputs` accepts.
+        """
+        ...
+
+    def inject_vision_outputs(
+        self, model_inputs: Mapping[str, Any], outputs: Any
+    ) -> dict[str, Any]:
+        """Model inputs that carry precomputed encoder ``outputs`` instead of the pixels.
+
+        :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
+        convention (``mm_encoder_outputs``).
+        """
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class MoEBlock:
+    """One sparse mixture-of-experts block of a model (dotted module paths from the model)."""
+
+    #: The block (router, routed experts and any shared experts), e.g. ``...layers.3.mlp``.
+    module: str
+    #: The routed experts: one module holding all ``num_experts`` of them.
+    experts: str
+    #: The top-k router (``top_k`` experts chosen per token).
+    router: str
+    num_experts: int
+    top_k: int
+    #: Experts every token goes through, when the block has them.
+    shared_experts: str | None = None
+
+
+@runtime_checkable
+class MoEAdapter(Protocol):
+    """Capability: the model has sparse MoE blocks (expert parallelism, router statistics)."""
+
+    def moe_blocks(self, model: torch.nn.Module) -> list[MoEBlock]:
+        """The MoE blocks of ``model`` in module order; empty for a dense model."""
+        ...
+
+
+def find_moe_blocks(
+    model: torch.nn.Module,
+    *,
+    experts: str = "experts",
+    router: str = "gate",
+    shared_experts: str | None = None,
+) -> list[MoEBlock]:
+    """The modules of ``model`` with an ``experts`` child and a ``router`` child that has
+    ``num_experts`` and ``top_k`` (``transformers``' sparse-MoE convention), as
+    :class:`MoEBlock`; ``shared_experts`` names the shared-experts child where there is one."""
+    blocks = []
+    for name, module in model.named_modules():
+        gate = getattr(module, router, None)
+        if getattr(module, experts, None) is None or not hasattr(gate, "top_k"):
+            continue
+        prefix = f"{name}." if name else ""
+        has_shared = shared_experts is not None and hasattr(module, shared_experts)
+        blocks.append(
+            MoEBlock(
+                module=name,
+                experts=prefix + experts,
+                router=prefix + router,
+                num_experts=int(gate.num_experts),
+                top_k=int(gate.top_k),
+                shared_experts=f"{prefix}{shared_experts}" if has_shared else None,
+            )
+        )
+    return blocks

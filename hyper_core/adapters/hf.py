@@ -97,6 +97,33 @@ def count_params(module: torch.nn.Module, *, exclude_embeddings: bool = True) ->
     return total
 
 
+def check_tokenizer(
+    cfg: Any, tokenizer: Any, path: str | None, token_fields: Mapping[str, str]
+) -> None:
+    """The special-token ids of the HF config must be the tokenizer's, and its ids fit the vocab.
+
+    ``token_fields`` maps a config attribute (``image_token_id``) to its token (``<|image_pad|>``);
+    the vocabulary size is ``cfg.text_config.vocab_size``. Raises :class:`UserError` naming
+    ``$.model``.
+    """
+    vocab = tokenizer.get_vocab()
+    where = f"the tokenizer of {path}" if path else "the offline demo tokenizer"
+    for field, token in token_fields.items():
+        cfg_id = getattr(cfg, field, None)
+        tok_id = vocab.get(token)
+        if cfg_id is not None and tok_id is not None and int(cfg_id) != int(tok_id):
+            hint = "" if path else " (the model directory has no tokenizer files; add them)"
+            raise UserError(
+                f"$.model: config {field} = {cfg_id} but {where} maps {token} to {tok_id}{hint}"
+            )
+    vocab_size = cfg.text_config.vocab_size
+    if max(vocab.values()) >= vocab_size:
+        raise UserError(
+            f"$.model: {where} has ids up to {max(vocab.values())} but the model's vocab_size "
+            f"is {vocab_size}"
+        )
+
+
 class HFModelAdapter(ModelAdapter):
     """An adapter for a ``transformers`` model family.
 
@@ -263,7 +290,7 @@ class HFModelAdapter(ModelAdapter):
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image."""
         if self.vision_module is None:
-            return super().split_vision_inputs(model_inputs)
+            raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
         pixel_values = model_inputs.get("pixel_values")
         grid = model_inputs.get("image_grid_thw")
         if pixel_values is None or grid is None or not len(grid):
@@ -278,7 +305,7 @@ class HFModelAdapter(ModelAdapter):
         """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``: tower
         and projector; ``.pooler_output`` is a tuple of per-image ``(tokens_i, text_hidden)``."""
         if self.vision_module is None:
-            return super().call_vision_encoder(model, vision_inputs)
+            raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
         return model.get_image_features(
             vision_inputs["pixel_values"], vision_inputs["image_grid_thw"], return_dict=True
         )
@@ -289,7 +316,7 @@ class HFModelAdapter(ModelAdapter):
         """``pixel_values`` dropped, ``mm_encoder_outputs={"image": outputs}`` added (the
         other keys, e.g. ``image_grid_thw``, stay for the position ids)."""
         if self.vision_module is None:
-            return super().inject_vision_outputs(model_inputs, outputs)
+            raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
         inputs = {k: v for k, v in model_inputs.items() if k != "pixel_values"}
         inputs["mm_encoder_outputs"] = {"image": outputs}
         return inputs

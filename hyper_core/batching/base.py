@@ -26,6 +26,12 @@ class BatchingOptions:
     #: attention (``varlen``, ``flash_attention_2``...). Off, models that ignore them never
     #: see them.
     varlen_kwargs: bool = False
+    #: A sample with one small image and no loss, added to every micro-batch that has no image
+    #: (see :meth:`BatchingRuntime.with_filler`). Set when several ranks train a VL model: each
+    #: rank's forward then runs the vision encoder, so DDP/FSDP collectives stay in step. None
+    #: when one rank trains, or when a per-run plugin object runs the encoder on every rank
+    #: itself (``runs_vision_encoder_on_every_rank``, see the ``build_callbacks`` hook).
+    vision_filler: SampleFeatures | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class BatchingRuntime:
@@ -39,10 +45,8 @@ class BatchingRuntime:
 
     def __init__(self, options: BatchingOptions) -> None:
         self.options = options
-        #: A sample with one small image and no loss, added to every micro-batch that has no
-        #: image when several ranks train a VL model: each rank's forward then runs the
-        #: vision encoder, so DDP/FSDP collectives stay in step (set by the trainer).
-        self.vision_filler: SampleFeatures | None = None
+        #: ``options.vision_filler``, fixed when the run builds its runtime.
+        self.vision_filler: SampleFeatures | None = options.vision_filler
 
     def split(self, features: Sequence[SampleFeatures]) -> list[list[SampleFeatures]]:
         """Group a step's samples into micro-batches (default: ``micro_batch_size`` each)."""

@@ -40,8 +40,11 @@ def resolve_adapter(model_config: Any, registries: Registries) -> Any:
     return named("$.model.adapter", registries.model_adapters, first)()
 
 
-def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registries) -> Any:
-    """The batching runtime of ``[data] batching`` (default: the adapter's)."""
+def resolve_runtime(
+    config: Any, adapter: Any, assets: Any, registries: Registries, *, vision_filler: bool = False
+) -> Any:
+    """The batching runtime of ``[data] batching`` (default: the adapter's); with
+    ``vision_filler``, it adds the adapter's vision filler to image-less micro-batches."""
     from ..attention import uses_varlen_kwargs
     from ..batching.base import BatchingOptions
 
@@ -53,6 +56,7 @@ def resolve_runtime(config: Any, adapter: Any, assets: Any, registries: Registri
             max_seq_len=config.data.max_seq_len,
             pad_token_id=assets.pad_token_id,
             varlen_kwargs=uses_varlen_kwargs(config.model.attn_implementation),
+            vision_filler=adapter.vision_filler(assets) if vision_filler else None,
         )
     )
 

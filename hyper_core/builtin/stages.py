@@ -100,7 +100,9 @@ def _image_dir(value: str, base_dir: Path, where: str) -> Path:
 
 def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[dict[str, Any]]:
     """The source's raw samples; with ``image_dir`` (or ``[data] image_root``) each sample's
-    ``_image_dir`` says where its relative image paths resolve."""
+    ``_image_dir`` says where its relative image paths resolve. A format that declares an
+    ``options`` class gets its options as an instance of it."""
+    from ..config.loader import format_options
     from ..data.jsonl import IMAGE_DIR_KEY
     from .resolve import named
 
@@ -111,7 +113,8 @@ def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[di
         image_dir = _image_dir(source.image_dir, base_dir, f"$.data.{key}.image_dir")
     elif config.data.image_root is not None:
         image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
-    samples = list(fmt(source.path, dict(source.options), base_dir))
+    options = format_options(fmt, source.options, f"$.data.{key}")
+    samples = list(fmt(source.path, options, base_dir))
     if image_dir is not None:
         value = str(image_dir)
         for sample in samples:  # formats return fresh dicts
@@ -211,18 +214,57 @@ def build_training_context(config: Any, model: Any, dist: Any) -> Any:
 
 
 @default
-def build_checkpointer(
-    config: Any, dist: Any, model: Any, optimizer: Any, lr_scheduler: Any, dataloaders: Any
+def build_evaluator(
+    config: Any,
+    dist: Any,
+    adapter: Any,
+    strategy: Any,
+    model: Any,
+    loss_fn: Any,
+    assets: Any,
+    dataloaders: Any,
+    get_batch: Any,
+    training_context: Any,
+    lockstep: Any,
 ) -> Any:
-    """DCP checkpoints under ``output_dir/checkpoints``."""
-    from ..checkpoint import Checkpointer
+    """Eval loss by ``loss_fn``, perplexity, token accuracy, exact match and generations."""
+    from ..trainer.evaluate import DefaultEvaluator
 
-    return Checkpointer(config, dist)
+    return DefaultEvaluator(
+        config=config,
+        dist=dist,
+        adapter=adapter,
+        model=model,
+        unwrapped_model=strategy.unwrap(model) if strategy is not None else model,
+        loss_fn=loss_fn,
+        assets=assets,
+        loader=dataloaders.eval,
+        get_batch=get_batch,
+        training_context=training_context,
+        lockstep=lockstep,
+    )
 
 
 @default
+def build_checkpointer(
+    config: Any, dist: Any, model: Any, optimizer: Any, lr_scheduler: Any, dataloaders: Any
+) -> Any:
+    """DCP checkpoints of these objects under ``output_dir/checkpoints``."""
+    from ..checkpoint import Checkpointer
+
+    return Checkpointer(
+        config,
+        dist,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        dataloaders=dataloaders,
+    )
+
+
+@hookimpl
 def build_callbacks(config: Any, dist: Any) -> Any:
     """The progress display (rank 0)."""
     from ..trainer.progress import Progress
 
-    return [Progress(config, dist)] if dist.is_main else []
+    return Progress(config, dist) if dist.is_main else None

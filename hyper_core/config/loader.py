@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import pathlib
 import re
@@ -24,17 +25,17 @@ from hyper_core.config.converter import (
 )
 from hyper_core.config.schema import CORE_SECTIONS, Config, SectionSpec
 from hyper_core.errors import ConfigError, PluginError
+from hyper_core.known_plugins import known_distributions
+from hyper_core.registry import Registry
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-KNOWN_PLUGIN_SECTIONS: dict[str, str] = {
-    "encoder_parallel": "hyper-train-encoder-parallel",
-    "memory_profiler": "hyper-train-memory-profiler",
-}
-"""Sections of first-party plugins, by the distribution that provides them."""
+KNOWN_PLUGIN_SECTIONS: dict[str, str] = known_distributions("sections")
+"""Sections of first-party plugins, by the distribution that provides them (a view of the one
+table, :mod:`hyper_core.known_plugins`)."""
 
 _OVERRIDE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -169,7 +170,9 @@ def _build(
 ) -> Config:
     # A registry of sections knows which installed plugins were filtered out (not pip-able).
     unavailable: Mapping[str, str] = getattr(sections, "unavailable", {})
+    formats: Registry[Any] | None = getattr(sections, "dataset_formats", None)
     sections = dict(sections or {})
+    known = known_distributions("sections")
     _check_specs(sections)
     problems = Problems()
     if not isinstance(data, Mapping):
@@ -181,16 +184,14 @@ def _build(
             core[key] = value
         elif key in sections:
             continue
-        elif key in KNOWN_PLUGIN_SECTIONS and KNOWN_PLUGIN_SECTIONS[key] in unavailable:
-            dist = KNOWN_PLUGIN_SECTIONS[key]
+        elif key in known and known[key] in unavailable:
+            dist = known[key]
             problems.add_key(
                 key, f"section of plugin {dist}, which is installed but {unavailable[dist]}"
             )
-        elif key in KNOWN_PLUGIN_SECTIONS:
+        elif key in known:
             problems.add_key(
-                key,
-                "section of a plugin that is not installed; "
-                f"pip install {KNOWN_PLUGIN_SECTIONS[key]}",
+                key, f"section of a plugin that is not installed; pip install {known[key]}"
             )
         else:
             problems.add_key(key, unknown_key_message(str(key), [*CORE_SECTIONS, *sections]))
@@ -208,8 +209,51 @@ def _build(
                 continue
             if value is not FAILED:
                 plugin_sections[name] = value
+        if config is not FAILED:
+            _check_format_options(problems, config, formats)
     problems.raise_if_any(source)
     return attrs.evolve(config, plugin_sections=plugin_sections, source_path=source_path)
+
+
+def format_options(fmt: Any, options: Mapping[str, Any], where: str) -> Any:
+    """A data source's options as its format takes them: an instance of the format's ``options``
+    attrs class (validated like the config, :class:`ConfigError` naming ``WHERE.KEY``), or the
+    dict itself for a format that declares none."""
+    cls = getattr(fmt, "options", None)
+    if cls is None:
+        return dict(options)
+    return converter.structure_at(dict(options), cls, where)
+
+
+def _check_format_options(
+    problems: Problems, config: Config, formats: Registry[Any] | None
+) -> None:
+    """Validate ``[data] train``/``eval`` options with their formats' declared classes.
+
+    Without a registry (no plugin host), the core's own formats are checked; a format no
+    registry knows is left to the run, which names it.
+    """
+    formats = formats if formats is not None else _core_formats()
+    for key in ("train", "eval"):
+        source = getattr(config.data, key)
+        if source is None or source.format not in formats:
+            continue
+        try:
+            fmt = formats.get(source.format)
+        except (ImportError, AttributeError, PluginError):
+            continue  # a format that does not import is reported by the run, which needs it
+        check = functools.partial(format_options, fmt, source.options, f"$.data.{key}")
+        problems.structure_with(check, source.options)
+
+
+def _core_formats() -> Registry[Any]:
+    from hyper_core.builtin import components
+
+    formats: Registry[Any] = Registry("dataset format")
+    components.register_dataset_formats(
+        lambda name, ref, **kw: formats.register(name, ref, plugin="core", **kw)
+    )
+    return formats
 
 
 def _check_specs(sections: Mapping[str, SectionSpec]) -> None:

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from ..config.schema import at_least, meta
 from ..errors import ConfigError, DataError
 
 RawSample = dict[str, Any]
@@ -156,45 +159,45 @@ def format_source(sample: Mapping[str, Any] | None, index: int | None = None) ->
     return f"sample #{index}" if index is not None else "sample"
 
 
-_JSONL_OPTIONS = ("max_samples", "max_line_bytes")
+@attrs.frozen(kw_only=True)
+class JsonlOptions:
+    """Options of the ``jsonl`` format (``[data] train = { format = "jsonl", path = ..., ... }``;
+    ``image_dir`` is a key of every source, not an option)."""
 
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    max_samples: int | None = attrs.field(
+        default=None, validator=at_least(1), metadata=meta("Keep the first N samples.")
+    )
+    max_line_bytes: int = attrs.field(
+        default=DEFAULT_MAX_LINE_BYTES,
+        validator=at_least(1),
+        metadata=meta("Longer lines are `too_long` samples, not parsed (default 64 MiB)."),
+    )
 
 
 def load_jsonl_format(
     path: str | None,
-    options: Mapping[str, Any] | None = None,
+    options: JsonlOptions | Mapping[str, Any] | None = None,
     base_dir: str | Path | None = None,
     *,
     where: str = "$.data.train",
 ) -> list[RawSample]:
     """The ``jsonl`` dataset format: ``path`` (relative to ``base_dir``) read with provenance.
 
-    JSON lines, or a JSON array in a ``.json`` file. ``options`` may hold ``max_samples`` (keep
-    the first N samples) and ``max_line_bytes`` (longer lines are ``too_long`` samples, not
-    parsed; default 64 MiB). ``where`` is the config path used in error messages.
+    JSON lines, or a JSON array in a ``.json`` file; ``options`` are :class:`JsonlOptions` (a
+    dict is validated into them). ``where`` is the config path used in error messages.
     """
-    options = dict(options or {})
-    known = ", ".join(_JSONL_OPTIONS)
-    problems = [
-        (f"{where}.{key}", f"unknown option {key!r} of format 'jsonl' (known: {known})")
-        for key in options
-        if key not in _JSONL_OPTIONS
-    ]
-    for key in _JSONL_OPTIONS:
-        value = options.get(key)
-        if value is not None and not _positive_int(value):
-            problems.append((f"{where}.{key}", f"expected a positive int, got {value!r}"))
+    from ..config.loader import format_options
+
+    if not isinstance(options, JsonlOptions):
+        options = format_options(load_jsonl_format, options or {}, where)
     if not path:
-        problems.append((f"{where}.path", "format 'jsonl' needs a path"))
-    if problems:
-        raise ConfigError(problems)
-    resolved = Path(path)  # type: ignore[arg-type]
+        raise ConfigError([(f"{where}.path", "format 'jsonl' needs a path")])
+    resolved = Path(path)
     if not resolved.is_absolute() and base_dir is not None:
         resolved = Path(base_dir) / resolved
-    max_line_bytes = options.get("max_line_bytes") or DEFAULT_MAX_LINE_BYTES
-    samples = read_jsonl(resolved, max_line_bytes=max_line_bytes)
-    limit = options.get("max_samples")
+    samples = read_jsonl(resolved, max_line_bytes=options.max_line_bytes)
+    limit = options.max_samples
     return samples[:limit] if limit is not None else samples
+
+
+load_jsonl_format.options = JsonlOptions  # type: ignore[attr-defined]

@@ -264,11 +264,6 @@ class StepBatch:
     epoch: int
     step_in_epoch: int
 
-    @property
-    def num_loss_tokens(self) -> int:
-        """Loss tokens of all micro-batches (this rank)."""
-        return sum(mb.num_loss_tokens for mb in self.micro_batches)
-
 
 def _unpack(item: Any) -> tuple[list[MicroBatch], dict[str, int], int]:
     if isinstance(item, _Failed):

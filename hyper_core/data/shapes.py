@@ -19,7 +19,6 @@ file so that concurrent ranks generate it once.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import json
 import os
@@ -31,7 +30,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+import attrs
+
+from ..config.schema import at_least, between, meta
 from .jsonl import RawSample, read_jsonl
 
 FORMAT_VERSION = 1
@@ -235,91 +236,91 @@ def ensure_shapes(
 # dataset format
 # ------------------------------------------------------------------------------------------
 
-_OPTIONS = ("num_samples", "image_size", "seed", "split", "question_mix")
+
+def _check_split(_inst: Any, _attr: attrs.Attribute, value: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+        raise ValueError(f"expected a name like 'train' or 'eval', got {value!r}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _parse_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
-    problems: list[tuple[str, str]] = []
-    for key in options:
-        if key not in _OPTIONS:
-            close = difflib.get_close_matches(key, _OPTIONS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(_OPTIONS)})"
-            problems.append((f"{where}.{key}", f"unknown option {key!r} of format 'shapes'{hint}"))
-    split = options.get("split", "train")
-    if not isinstance(split, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", split):
-        problems.append(
-            (f"{where}.split", f"expected a name like 'train' or 'eval', got {split!r}")
+def _check_mix(_inst: Any, _attr: attrs.Attribute, value: list[float] | dict[str, float]) -> None:
+    weights = _mix_weights(value)
+    if weights is None or any(w < 0 for w in weights) or not sum(weights) > 0:
+        raise ValueError(
+            "expected 3 non-negative weights (colour, shape, describe) with a positive sum, "
+            f"got {value!r}"
         )
-        split = "train"
-    default_n = DEFAULT_NUM_SAMPLES.get(split, DEFAULT_NUM_SAMPLES["eval"])
-    parsed = {
-        "split": split,
-        "num_samples": options.get("num_samples", default_n),
-        "image_size": options.get("image_size", 112),
-        "seed": options.get("seed", 0),
-        "question_mix": options.get("question_mix", (1, 2, 2)),
-    }
-    if not _is_int(parsed["num_samples"]) or parsed["num_samples"] < 1:
-        problems.append(
-            (f"{where}.num_samples", f"expected a positive int, got {parsed['num_samples']!r}")
-        )
-    if not _is_int(parsed["image_size"]) or not 16 <= parsed["image_size"] <= 2048:
-        problems.append(
-            (f"{where}.image_size", f"expected an int in 16..2048, got {parsed['image_size']!r}")
-        )
-    if not _is_int(parsed["seed"]):
-        problems.append((f"{where}.seed", f"expected an int, got {parsed['seed']!r}"))
-    mix = parsed["question_mix"]
-    if isinstance(mix, Mapping):
-        unknown = set(mix) - set(QUESTION_TYPES)
-        mix = [mix.get(q, 0) for q in QUESTION_TYPES] if not unknown else None
-    ok = (
-        isinstance(mix, (list, tuple))
-        and len(mix) == len(QUESTION_TYPES)
-        and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in mix)
-        and sum(mix) > 0
+
+
+def _mix_weights(value: list[float] | dict[str, float]) -> tuple[float, ...] | None:
+    if isinstance(value, dict):
+        if set(value) - set(QUESTION_TYPES):
+            return None
+        return tuple(float(value.get(q, 0)) for q in QUESTION_TYPES)
+    return tuple(float(w) for w in value) if len(value) == len(QUESTION_TYPES) else None
+
+
+@attrs.frozen(kw_only=True)
+class ShapesOptions:
+    """Options of the ``shapes`` format (``[data] train = { format = "shapes", ... }``)."""
+
+    num_samples: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta("Samples to generate (default 2000 for split `train`, 200 otherwise)."),
     )
-    if not ok:
-        problems.append(
-            (
-                f"{where}.question_mix",
-                "expected 3 non-negative weights (colour, shape, describe) with a positive sum, "
-                f"got {parsed['question_mix']!r}",
-            )
-        )
-    else:
-        parsed["question_mix"] = tuple(float(w) for w in mix)  # type: ignore[union-attr]
-    if problems:
-        raise ConfigError(problems)
-    return parsed
+    image_size: int = attrs.field(
+        default=112, validator=between(16, 2048), metadata=meta("Image side, in pixels.")
+    )
+    seed: int = attrs.field(default=0, metadata=meta("Generator seed (with `split`)."))
+    split: str = attrs.field(
+        default="train",
+        validator=_check_split,
+        metadata=meta("Part of the seed, so that `train` and `eval` differ."),
+    )
+    question_mix: list[float] | dict[str, float] = attrs.field(
+        factory=lambda: [1.0, 2.0, 2.0],
+        validator=_check_mix,
+        metadata=meta("Weights of the colour, shape and describe questions (array or table)."),
+    )
+
+    def generator_args(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`ensure_shapes`."""
+        return {
+            "split": self.split,
+            "num_samples": self.num_samples
+            or DEFAULT_NUM_SAMPLES.get(self.split, DEFAULT_NUM_SAMPLES["eval"]),
+            "image_size": self.image_size,
+            "seed": self.seed,
+            "question_mix": _mix_weights(self.question_mix),
+        }
 
 
 def load_shapes_format(
     path: str | None,
-    options: Mapping[str, Any] | None = None,
+    options: ShapesOptions | Mapping[str, Any] | None = None,
     base_dir: str | Path | None = None,
     *,
     where: str | None = None,
 ) -> list[RawSample]:
     """The ``shapes`` dataset format: ``{ format = "shapes", num_samples = 2000, split = ... }``.
 
-    Options: ``num_samples`` (default 2000 for ``train``, 200 otherwise), ``image_size`` (112),
-    ``seed`` (0), ``split`` (``"train"``), ``question_mix`` (``[1, 2, 2]``). ``path``, when given,
-    is the cache folder to use instead of the default (relative to ``base_dir``). ``where`` is
-    the config path for error messages (default ``$.data.<split>``).
+    ``options`` are :class:`ShapesOptions` (a dict is validated into them). ``path``, when
+    given, is the cache folder to use instead of the default (relative to ``base_dir``).
+    ``where`` is the config path for error messages (default ``$.data.<split>``).
     """
-    options = dict(options or {})
-    split = options.get("split", "train")
-    parsed = _parse_options(
-        options, where or f"$.data.{split if isinstance(split, str) else 'train'}"
-    )
+    from ..config.loader import format_options
+
+    if not isinstance(options, ShapesOptions):
+        options = dict(options or {})
+        split = options.get("split", "train")
+        where = where or f"$.data.{split if isinstance(split, str) else 'train'}"
+        options = format_options(load_shapes_format, options, where)
     root: Path | None = None
     if path:
         root = Path(path)
         if not root.is_absolute() and base_dir is not None:
             root = Path(base_dir) / root
-    return read_jsonl(ensure_shapes(root=root, **parsed))
+    return read_jsonl(ensure_shapes(root=root, **options.generator_args()))
+
+
+load_shapes_format.options = ShapesOptions  # type: ignore[attr-defined]

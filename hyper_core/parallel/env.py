@@ -53,16 +53,27 @@ class DistEnv:
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
 
+    def all_reduce_max(self, value: torch.Tensor) -> torch.Tensor:
+        """Element-wise maximum of a tensor over all ranks (in place; identity for one
+        process)."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return value
+
+    def max_int(self, value: int) -> int:
+        """The largest of every rank's ``value`` (a collective when distributed)."""
+        if self.world_size == 1:
+            return value
+        import torch
+
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        return int(self.all_reduce_max(t).item())
+
     def any_true(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a collective when distributed)."""
-        if self.world_size == 1:
-            return flag
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return bool(self.max_int(1 if flag else 0))
 
     def barrier(self) -> None:
         """Wait for every rank."""

@@ -84,10 +84,46 @@ def retie(groups: list[Slots]) -> None:
 
 
 def materialize(model: torch.nn.Module, device: Any) -> None:
-    """Allocate (uninitialised) storage for a meta or sharded model on ``device``; ties kept."""
+    """Allocate storage for a meta or sharded model on ``device``; ties kept.
+
+    Parameters and persistent buffers are left uninitialised (the caller loads a state dict).
+    Non-persistent buffers, which no state dict carries (rotary ``inv_freq``), are recomputed
+    (:func:`init_non_persistent_buffers`), so build on meta → ``materialize`` →
+    ``load_state_dict`` gives the model a normal build gives.
+    """
     groups = tie_groups(model)
     model.to_empty(device=device)
     retie(groups)
+    if device != "meta":
+        init_non_persistent_buffers(model)
+
+
+def init_non_persistent_buffers(model: torch.nn.Module) -> list[str]:
+    """Recompute the non-persistent buffers of ``model`` with the owning HF model's own init.
+
+    Each module holding one goes through ``_init_weights`` of its nearest enclosing
+    ``PreTrainedModel`` (transformers ≥ 5 recomputes rotary ``inv_freq`` there). Returns the
+    names of the modules no ``_init_weights`` covers (a plain ``nn.Module`` model): their
+    non-persistent buffers stay uninitialised and must be copied from a built model.
+    """
+    import torch
+
+    uncovered: list[str] = []
+
+    def visit(module: torch.nn.Module, prefix: str, owner: Any) -> None:
+        if callable(getattr(module, "_init_weights", None)):
+            owner = module
+        if any(module._buffers.get(n) is not None for n in module._non_persistent_buffers_set):
+            if owner is None:
+                uncovered.append(prefix)
+            else:
+                owner._init_weights(module)
+        for name, child in module.named_children():
+            visit(child, f"{prefix}.{name}" if prefix else name, owner)
+
+    with torch.no_grad():
+        visit(model, "", None)
+    return uncovered
 
 
 # -- rank-0 weights ----------------------------------------------------------------------------

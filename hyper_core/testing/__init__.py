@@ -1,7 +1,8 @@
 """Test helpers for hyper-train and for plugin authors' own repositories.
 
 Also a pytest plugin (``pytest11`` entry point ``hyper_train``) exposing the fixtures in
-:mod:`hyper_core.testing.pytest_plugin`.
+:mod:`hyper_core.testing.pytest_plugin`; :mod:`hyper_core.testing.processes` runs the CLI and
+torchrun in subprocesses with a clean rank environment.
 """
 
 from __future__ import annotations

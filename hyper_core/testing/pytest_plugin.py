@@ -4,6 +4,9 @@
 * ``hook_recorder`` — a :class:`~hyper_core.testing.HookRecorder` to pass as a plugin.
 * ``tiny_run(config=None, plugins=(), steps=None, **sections)`` — train in-process; the config
   defaults to :func:`~hyper_core.testing.tiny_text_config` in a temporary directory.
+
+It also registers the ``slow`` marker that :class:`~hyper_core.testing.AdapterConformance` puts
+on its multi-process checks, so a plugin's test suite runs under ``--strict-markers``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+SLOW_MARKER = "slow: multi-process or long tests (hyper-train's conformance checks mark them)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers the kit's test classes use."""
+    config.addinivalue_line("markers", SLOW_MARKER)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Evaluation: loss, perplexity, token accuracy, answer exact match, sample generations.
+"""Evaluation (the ``build_evaluator`` stage's default): loss by the run's ``loss_fn``,
+perplexity, token accuracy, answer exact match, sample generations.
 
 A sample's answer counts as correct when the argmax prediction equals the label at every loss
 position: that is exactly when greedy decoding would produce the answer, without the cost of
@@ -13,13 +14,34 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
 
 if TYPE_CHECKING:
     import torch
 
-    from .trainer import Trainer
+    from ..parallel.env import DistEnv
+    from ..training.lockstep import Lockstep
+    from .metrics import MetricsWriter
+
+#: Answers may run this many tokens past their reference's length.
+GENERATE_SLACK_TOKENS = 16
+
+#: An evaluation's metrics: numbers, plus ``samples`` (``{prompt, reference, answer}`` dicts).
+EvalMetrics = dict[str, float | int | list[dict[str, str]]]
+
+
+class Evaluator(Protocol):
+    """What ``build_evaluator`` returns: evaluates the model it was built with (a collective:
+    every rank calls it together). A ``samples`` entry is written to ``eval_samples.jsonl``."""
+
+    def evaluate(self) -> EvalMetrics:
+        """Global metrics over the eval set (the same on every rank)."""
+        ...
 
 
 def sample_rows(micro_batch: Any, labels: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -34,155 +56,163 @@ def sample_rows(micro_batch: Any, labels: torch.Tensor) -> list[tuple[int, int, 
     return spans
 
 
-def run_evaluation(trainer: Trainer) -> dict[str, Any]:
-    """Evaluate ``trainer.model`` on the eval loader; returns global metrics."""
-    import torch
+@attrs.define(kw_only=True)
+class DefaultEvaluator:
+    """Eval loss by the run's ``loss_fn``, perplexity, token accuracy, exact match per question
+    type, and ``[training] eval_generate_samples`` generations, over the eval loader.
 
-    loader = trainer.dataloaders.eval
-    dist = trainer.dist
-    model = trainer.model
-    model.eval()
-    micro_batches = [mb for step in loader.iter_epoch_once() for mb in step.micro_batches]
-    n_local = torch.tensor([len(micro_batches)], dtype=torch.int64, device=dist.device)
-    if dist.world_size > 1:
-        import torch.distributed as tdist
-
-        tdist.all_reduce(n_local, op=tdist.ReduceOp.MAX)
-    n_target = int(n_local.item())
-    loss_sum = 0.0
-    tokens = 0
-    token_hits = 0
-    correct: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    forward_kwargs = trainer.adapter.forward_kwargs()
-    with torch.no_grad():
-        for i in range(n_target):
-            real = i < len(micro_batches)
-            mb = micro_batches[i] if real else (micro_batches[-1] if micro_batches else None)
-            if mb is None:
-                mb = trainer._last_micro_batch
-            model_inputs, loss_inputs = trainer.get_batch(mb)
-            with trainer.training_context():
-                outputs = model(**model_inputs, **forward_kwargs)
-            if not real:
-                continue
-            logits = outputs.logits
-            labels = loss_inputs["labels"]
-            mask = labels != -100
-            loss_sum += float(
-                torch.nn.functional.cross_entropy(
-                    logits.float().flatten(0, -2),
-                    labels.flatten(),
-                    ignore_index=-100,
-                    reduction="sum",
-                )
-            )
-            tokens += int(mask.sum())
-            right = logits.argmax(-1) == labels
-            token_hits += int((right & mask).sum())
-            hits = right | ~mask
-            for (row, start, end), meta in zip(sample_rows(mb, labels), mb.meta, strict=False):
-                if (meta or {}).get("filler"):
-                    continue
-                ok = int(bool(hits[row, start:end].all()))
-                for key in ("all", (meta or {}).get("question_type")):
-                    if key is not None:
-                        correct[key][0] += ok
-                        correct[key][1] += 1
-    samples = generate_samples(trainer, trainer.config.training.eval_generate_samples)
-    model.train()
-    stats = {
-        "loss_sum": loss_sum,
-        "tokens": tokens,
-        "token_hits": token_hits,
-        "correct": dict(correct),
-    }
-    if dist.world_size > 1:
-        import torch.distributed as tdist
-
-        gathered: list[Any] = [None] * dist.world_size
-        tdist.all_gather_object(gathered, stats)
-    else:
-        gathered = [stats]
-    total_loss = sum(s["loss_sum"] for s in gathered)
-    total_tokens = sum(s["tokens"] for s in gathered)
-    merged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for s in gathered:
-        for key, (ok, n) in s["correct"].items():
-            merged[key][0] += ok
-            merged[key][1] += n
-    eval_loss = total_loss / max(total_tokens, 1)
-    metrics: dict[str, Any] = {
-        "eval_loss": eval_loss,
-        "perplexity": math.exp(eval_loss) if eval_loss < 700 else math.inf,
-        "token_accuracy": sum(s["token_hits"] for s in gathered) / max(total_tokens, 1),
-        "eval_tokens": total_tokens,
-    }
-    for key, (ok, n) in sorted(merged.items()):
-        metrics[f"accuracy_{key}"] = ok / n if n else 0.0
-        metrics[f"count_{key}"] = n
-    if samples:
-        metrics["samples"] = samples
-        if dist.is_main:
-            write_samples(trainer, samples)
-    return metrics
-
-
-#: Answers may run this many tokens past their reference's length.
-GENERATE_SLACK_TOKENS = 16
-
-
-def generate_samples(trainer: Trainer, n: int) -> list[dict[str, str]]:
-    """``{prompt, reference, answer}`` of the first ``n`` usable eval samples, by ``generate``.
-
-    Every rank generates the same answers from the same samples, each for a fixed number of
-    tokens when there are several ranks, so that a sharded model's forwards stay in step.
+    ``eval_loss`` is the sum of ``loss_fn(outputs, loss_inputs, 1.0)`` over the eval
+    micro-batches divided by their count of label tokens: the training loss's normalisation,
+    so a plugin's ``build_loss`` changes both alike.
     """
-    if n <= 0:
-        return []
-    from ..data.conversation import ImagePart, parse_conversation
-    from ..data.errors import SampleError
-    from ..inference import GenerationSettings, decode, generate_answer_ids
 
-    raw = getattr(trainer.dataloaders.eval.dataset, "raw_samples", ())
-    tokenizer = trainer.assets.tokenizer
-    out: list[dict[str, str]] = []
-    for sample in raw:
-        if len(out) == n:
-            break
+    config: Any
+    dist: DistEnv
+    adapter: Any
+    model: torch.nn.Module
+    #: ``model`` without its data-parallel wrapper (for ``generate``).
+    unwrapped_model: torch.nn.Module
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+    assets: Any
+    loader: Any
+    get_batch: Callable[[Any], tuple[dict[str, Any], dict[str, Any]]]
+    training_context: Callable[[], AbstractContextManager[Any]]
+    lockstep: Lockstep[Any]
+
+    def evaluate(self) -> EvalMetrics:
+        """Evaluate on the eval loader; every rank returns the same global metrics."""
+        import torch
+
+        model = self.model
+        model.eval()
+        micro_batches = [mb for step in self.loader.iter_epoch_once() for mb in step.micro_batches]
+        stats = _Stats()
+        forward_kwargs = self.adapter.forward_kwargs()
         try:
-            conversation, reference = parse_conversation(sample).prompt_and_answer()
-            prompt = trainer.adapter.generation_prompt(conversation, trainer.assets)
-        except SampleError:  # counted as skipped by the eval loader already
-            continue
-        reference_tokens = len(tokenizer.encode(reference, add_special_tokens=False))
-        settings = GenerationSettings(max_new_tokens=reference_tokens + GENERATE_SLACK_TOKENS)
-        with trainer.training_context():
-            ids = generate_answer_ids(
-                trainer.unwrapped_model,
-                prompt,
-                settings,
-                trainer.assets,
-                fixed_length=trainer.dist.world_size > 1,
-            )
-        turn = next((m for m in reversed(conversation.messages) if m.role == "user"), None)
-        parts = turn.parts if turn is not None else []
-        text = "".join("<image>" if isinstance(p, ImagePart) else p.text for p in parts)
-        out.append({"prompt": text, "reference": reference, "answer": decode(trainer.assets, ids)})
-    return out
+            with torch.no_grad():
+                for mb, weight in self.lockstep.schedule(micro_batches):
+                    model_inputs, loss_inputs = self.get_batch(mb)
+                    with self.training_context():
+                        outputs = model(**model_inputs, **forward_kwargs)
+                    if weight:
+                        loss, _ = self.loss_fn(outputs, loss_inputs, 1.0)
+                        stats.add(mb, outputs.logits, loss_inputs["labels"], float(loss))
+            samples = self.generate_samples(self.config.training.eval_generate_samples)
+        finally:
+            model.train()
+        metrics = stats.merged(self.dist)
+        if samples:
+            metrics["samples"] = samples
+        return metrics
+
+    def generate_samples(self, n: int) -> list[dict[str, str]]:
+        """``{prompt, reference, answer}`` of the first ``n`` usable eval samples, by
+        ``generate``.
+
+        Every rank generates the same answers from the same samples, each for a fixed number of
+        tokens when there are several ranks, so that a sharded model's forwards stay in step.
+        """
+        if n <= 0:
+            return []
+        from ..data.conversation import ImagePart, parse_conversation
+        from ..data.errors import SampleError
+        from ..inference import GenerationSettings, decode, generate_answer_ids
+
+        raw = getattr(self.loader.dataset, "raw_samples", ())
+        tokenizer = self.assets.tokenizer
+        out: list[dict[str, str]] = []
+        for sample in raw:
+            if len(out) == n:
+                break
+            try:
+                conversation, reference = parse_conversation(sample).prompt_and_answer()
+                prompt = self.adapter.generation_prompt(conversation, self.assets)
+            except SampleError:  # counted as skipped by the eval loader already
+                continue
+            reference_tokens = len(tokenizer.encode(reference, add_special_tokens=False))
+            settings = GenerationSettings(max_new_tokens=reference_tokens + GENERATE_SLACK_TOKENS)
+            with self.training_context():
+                ids = generate_answer_ids(
+                    self.unwrapped_model,
+                    prompt,
+                    settings,
+                    self.assets,
+                    fixed_length=self.dist.world_size > 1,
+                )
+            turn = next((m for m in reversed(conversation.messages) if m.role == "user"), None)
+            parts = turn.parts if turn is not None else []
+            text = "".join("<image>" if isinstance(p, ImagePart) else p.text for p in parts)
+            out.append({"prompt": text, "reference": reference, "answer": decode(self.assets, ids)})
+        return out
 
 
-def write_samples(trainer: Trainer, samples: list[dict[str, str]]) -> None:
+@attrs.define
+class _Stats:
+    """One rank's running sums."""
+
+    loss_sum: float = 0.0
+    tokens: int = 0
+    token_hits: int = 0
+    correct: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(lambda: [0, 0]))
+
+    def add(self, mb: Any, logits: torch.Tensor, labels: torch.Tensor, loss_sum: float) -> None:
+        mask = labels != -100
+        self.loss_sum += loss_sum
+        self.tokens += int(mask.sum())
+        right = logits.argmax(-1) == labels
+        self.token_hits += int((right & mask).sum())
+        hits = right | ~mask
+        for (row, start, end), meta in zip(sample_rows(mb, labels), mb.meta, strict=False):
+            if (meta or {}).get("filler"):
+                continue
+            ok = int(bool(hits[row, start:end].all()))
+            for key in ("all", (meta or {}).get("question_type")):
+                if key is not None:
+                    self.correct[key][0] += ok
+                    self.correct[key][1] += 1
+
+    def merged(self, dist: DistEnv) -> EvalMetrics:
+        """The metrics of every rank's sums together (a collective)."""
+        mine = (self.loss_sum, self.tokens, self.token_hits, dict(self.correct))
+        gathered: Sequence[Any] = [mine]
+        if dist.world_size > 1:
+            import torch.distributed as tdist
+
+            everyone: list[Any] = [None] * dist.world_size
+            tdist.all_gather_object(everyone, mine)
+            gathered = everyone
+        total_tokens = sum(s[1] for s in gathered)
+        merged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for s in gathered:
+            for key, (ok, n) in s[3].items():
+                merged[key][0] += ok
+                merged[key][1] += n
+        eval_loss = sum(s[0] for s in gathered) / max(total_tokens, 1)
+        metrics: EvalMetrics = {
+            "eval_loss": eval_loss,
+            "perplexity": math.exp(eval_loss) if eval_loss < 700 else math.inf,
+            "token_accuracy": sum(s[2] for s in gathered) / max(total_tokens, 1),
+            "eval_tokens": total_tokens,
+        }
+        for key, (ok, n) in sorted(merged.items()):
+            metrics[f"accuracy_{key}"] = ok / n if n else 0.0
+            metrics[f"count_{key}"] = n
+        return metrics
+
+
+def write_samples(
+    output_dir: Path, step: int, samples: list[dict[str, str]], writer: MetricsWriter | None
+) -> None:
     """Append the samples to ``output_dir/eval_samples.jsonl`` and TensorBoard (rank 0)."""
-    step = trainer.state.global_step
-    path = Path(trainer.config.run.output_dir) / "eval_samples.jsonl"
+    path = output_dir / "eval_samples.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
         for sample in samples:
             f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")
-    if trainer.metrics_writer is not None:
+    if writer is not None:
         table = "\n\n".join(
             f"**prompt** {s['prompt']}  \n**reference** {s['reference']}  \n"
             f"**answer** {s['answer']}"
             for s in samples
         )
-        trainer.metrics_writer.write_text("eval/samples", table, step)
+        writer.write_text("eval/samples", table, step)

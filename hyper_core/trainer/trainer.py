@@ -1,4 +1,4 @@
-"""The trainer: build stages in a fixed order, then the step loop of DESIGN.md.
+"""The trainer: build stages in a fixed order, then the step loop (docs/architecture.md).
 
 Setup is the ordered list of build-stage hook calls (:data:`hyper_core.hookspecs.BUILD_STAGES`);
 after each, ``on_stage_end`` fires. The step: fetch all micro-batches → ``on_step_begin`` →
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
+from ..training.lockstep import Lockstep
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .state import TrainState
 
@@ -67,7 +68,9 @@ class Trainer:
         self.training_context: Any = None
         self.checkpointer: Any = None
         self.callbacks: list[Any] = []
-        self._last_micro_batch: Any = None
+        #: Pads the ranks' micro-batch schedules (train and eval) to the same length.
+        self.lockstep: Any = None
+        self.evaluator: Any = None
         self._stop_signals = 0
         self._first_stop_at = 0.0
 
@@ -82,13 +85,23 @@ class Trainer:
         return result
 
     def setup(self) -> None:
-        """Run every build stage in order."""
+        """Run every build stage in order. The per-run plugin objects stay registered until
+        :meth:`train` ends (or until a stage fails)."""
+        try:
+            self._setup()
+        except BaseException:
+            self._unregister_callbacks()
+            raise
+
+    def _setup(self) -> None:
         from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
 
         cfg = self.config
         self.dist = self._stage("setup_distributed", config=cfg)
+        self.lockstep = Lockstep(self.dist)
         self.adapter = resolve_adapter(cfg.model, self.registries)
         self.strategy = resolve_strategy(cfg, self.registries)
+        self._build_callbacks()
         # Rank 0 builds the model in full, the others on meta, when the strategy broadcasts it.
         meta_init = bool(getattr(self.strategy, "meta_init", False))
         self.dist.meta_init = meta_init and self.dist.world_size > 1
@@ -113,11 +126,9 @@ class Trainer:
             dist=self.dist,
             registries=self.registries,
         )
-        self.runtime = resolve_runtime(cfg, self.adapter, self.assets, self.registries)
-        if self.dist.world_size > 1:
-            plan = self.adapter.parallel_plan(self.unwrapped_model)
-            if plan.vision_encoder is not None:
-                self.runtime.vision_filler = self.adapter.vision_filler(self.assets)
+        self.runtime = resolve_runtime(
+            cfg, self.adapter, self.assets, self.registries, vision_filler=self._needs_filler()
+        )
         self.collate_fn = self._stage(
             "build_collate_fn", config=cfg, runtime=self.runtime, assets=self.assets
         )
@@ -146,6 +157,20 @@ class Trainer:
         self.training_context = self._stage(
             "build_training_context", config=cfg, model=self.model, dist=self.dist
         )
+        self.evaluator = self._stage(
+            "build_evaluator",
+            config=cfg,
+            dist=self.dist,
+            adapter=self.adapter,
+            strategy=self.strategy,
+            model=self.model,
+            loss_fn=self.loss_fn,
+            assets=self.assets,
+            dataloaders=self.dataloaders,
+            get_batch=self.get_batch,
+            training_context=self.training_context,
+            lockstep=self.lockstep,
+        )
         self.checkpointer = self._stage(
             "build_checkpointer",
             config=cfg,
@@ -155,12 +180,34 @@ class Trainer:
             lr_scheduler=self.lr_scheduler,
             dataloaders=self.dataloaders,
         )
-        self.callbacks = list(self._stage("build_callbacks", config=cfg, dist=self.dist))
-        for i, callback in enumerate(self.callbacks):
-            name = f"callback-{i}-{type(callback).__name__}"
-            if not self.host.pm.is_registered(callback):
-                self.host.pm.register(callback, name=name)
         assert tuple(self.built) == BUILD_STAGES, self.built
+
+    def _build_callbacks(self) -> None:
+        """Collect every plugin's per-run objects and register them for this run (unregistered
+        in :meth:`_teardown`); they already receive this stage's ``on_stage_end``."""
+        results = self.host.call_stage(
+            "build_callbacks", config=self.config, dist=self.dist, adapter=self.adapter
+        )
+        for result in results:
+            for callback in result if isinstance(result, list | tuple) else [result]:
+                if callback is None or self.host.pm.is_registered(callback):
+                    continue
+                name = f"run-{type(callback).__name__}-{id(callback):x}"
+                self.host.pm.register(callback, name=name)
+                self.callbacks.append(callback)
+        self.built.append("build_callbacks")
+        self.host.fire("on_stage_end", stage="build_callbacks", result=self.callbacks, trainer=self)
+
+    def _needs_filler(self) -> bool:
+        """Whether batching adds a vision filler: several ranks train a model with a vision
+        encoder, and no per-run object runs the encoder on every rank itself."""
+        if self.dist.world_size == 1:
+            return False
+        if self.adapter.parallel_plan(self.unwrapped_model).vision_encoder is None:
+            return False
+        return not any(
+            getattr(cb, "runs_vision_encoder_on_every_rank", False) for cb in self.callbacks
+        )
 
     @property
     def unwrapped_model(self) -> Any:
@@ -284,31 +331,13 @@ class Trainer:
             self.state.skipped[reason] = self.state.skipped.get(reason, 0) + n
         self.host.fire("on_step_begin", trainer=self, state=self.state, micro_batches=micro_batches)
         dist = self.dist
+        schedule = self.lockstep.schedule(micro_batches)
         counts = torch.tensor(
-            [sum(mb.num_loss_tokens for mb in micro_batches), len(micro_batches)],
+            [sum(mb.num_loss_tokens for mb in micro_batches)],
             dtype=torch.float64,
+            device=dist.device if dist.world_size > 1 else None,
         )
-        local_micro = len(micro_batches)
-        if dist.world_size > 1:
-            import torch.distributed as tdist
-
-            n_micro = torch.tensor([local_micro], dtype=torch.int64, device=dist.device)
-            tdist.all_reduce(n_micro, op=tdist.ReduceOp.MAX)
-            counts = counts.to(dist.device)
-            dist.all_reduce_sum(counts)
-            target_micro = int(n_micro.item())
-        else:
-            target_micro = local_micro
-        global_loss_tokens = max(float(counts[0].item()), 1.0)
-        # Ranks run the same number of forwards (collectives stay in lockstep); the padding
-        # micro-batches repeat a real one with a zero loss weight.
-        schedule = [(mb, 1.0) for mb in micro_batches]
-        filler = micro_batches[-1] if micro_batches else self._last_micro_batch
-        if len(schedule) < target_micro and filler is None:
-            raise RuntimeError("a rank has no usable sample in its first step; add data")
-        schedule += [(filler, 0.0)] * (target_micro - len(schedule))
-        if micro_batches:
-            self._last_micro_batch = micro_batches[-1]
+        global_loss_tokens = max(float(dist.all_reduce_sum(counts)[0].item()), 1.0)
         grad_scale = float(dist.dp_size) if dist.world_size > 1 else 1.0
         model = self.model
         model.train()
@@ -441,11 +470,16 @@ class Trainer:
             self.metrics_writer.write(metrics, added_by=added_by)
 
     def evaluate(self) -> dict[str, Any]:
-        """Eval loss (and answer exact-match per question type) over the eval set."""
-        from .evaluate import run_evaluation
+        """Run the evaluator (``build_evaluator``), write its sample generations, fire
+        ``on_evaluate`` and log the metrics."""
+        from .evaluate import write_samples
 
-        metrics = run_evaluation(self)
+        metrics = dict(self.evaluator.evaluate())
         metrics["step"] = self.state.global_step
+        samples = metrics.get("samples")
+        if samples and self.dist.is_main:
+            out = Path(self.config.run.output_dir)
+            write_samples(out, self.state.global_step, samples, self.metrics_writer)
         added_by = fire_tracking_keys(
             self.host, "on_evaluate", metrics, trainer=self, state=self.state
         )
@@ -494,6 +528,9 @@ class Trainer:
         if self.metrics_writer is not None:
             self.metrics_writer.close()
             self.metrics_writer = None
+        self._unregister_callbacks()
+
+    def _unregister_callbacks(self) -> None:
         for callback in self.callbacks:
             if self.host.pm.is_registered(callback):
                 self.host.pm.unregister(callback)

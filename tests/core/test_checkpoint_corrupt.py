@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 from hyper_core.config import dump_config, load_config_dict
 from hyper_core.errors import UserError
 from hyper_core.testing import read_metrics, run_tiny_training, tiny_text_config
+from hyper_core.testing.processes import hyper_train
 
 
 def _config(out: Path, steps: int, **checkpoint: Any) -> dict[str, Any]:
@@ -141,14 +140,7 @@ def test_cli_explicit_corrupt_checkpoint_exits_2_in_one_line(trained: Path, tmp_
     config = tmp_path / "run.toml"
     raw = _config(tmp_path / "new", 5, resume=str(src / "checkpoints" / "step-4"))
     config.write_text(dump_config(load_config_dict(raw)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "hyper_core", "run", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+    proc = hyper_train(["run", str(config)], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hyper-train: error:")]
     assert errors == [

@@ -3,9 +3,6 @@ a resumed run keeps the first run's ``config.toml`` and writes ``config.step-N.t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +12,7 @@ from hyper_core.checkpoint import MODEL_FILE, ModelIdentity, run_config_for
 from hyper_core.config import dump_config, load_config_dict
 from hyper_core.errors import UserError
 from hyper_core.testing import isolated_host, read_metrics, run_tiny_training, tiny_text_config
+from hyper_core.testing.processes import hyper_train
 
 
 def _config(out: Path, steps: int, **sections: Any) -> dict[str, Any]:
@@ -146,14 +144,7 @@ def test_run_config_for_prefers_the_newest_resume_before_the_step(tmp_path: Path
 def test_cli_resume_into_another_model_exits_2_in_one_line(qwen_run: Path, tmp_path: Path) -> None:
     out = _copy(qwen_run, tmp_path / "run")
     config = _write_config(_config(out, 6), tmp_path / "run.toml")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hyper_core", "run", str(config), "--model.config=tiny-llama"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+    proc = hyper_train(["run", str(config), "--model.config=tiny-llama"], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hyper-train: error:")]
     assert len(errors) == 1 and "architecture Qwen2ForCausalLM → LlamaForCausalLM" in errors[0]

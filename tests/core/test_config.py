@@ -71,7 +71,7 @@ max_pixels = 12845056
 hf_overrides = { hidden_size = 64, vision_config = { depth = 2 } }
 
 [data]
-train = { format = "shapes", samples = 2000, seed = 1 }
+train = { format = "shapes", num_samples = 2000, seed = 1 }
 eval = "data/eval.json"
 max_seq_len = 512
 batching = "packed"
@@ -196,7 +196,7 @@ def test_full_config_reads_every_key(tmp_path: pathlib.Path) -> None:
     assert config.model.freeze == ["vision", "projector"]
     assert config.model.hf_overrides == {"hidden_size": 64, "vision_config": {"depth": 2}}
     assert config.data.train == DataSource(
-        format="shapes", path=None, options={"samples": 2000, "seed": 1}
+        format="shapes", path=None, options={"num_samples": 2000, "seed": 1}
     )
     assert config.data.eval == DataSource(format="jsonl", path="data/eval.json")
     assert config.training.epochs == 3 and config.training.steps is None
@@ -277,8 +277,8 @@ def test_data_source_forms() -> None:
     assert train({"format": "jsonl", "path": "x.jsonl"}) == DataSource(
         format="jsonl", path="x.jsonl"
     )
-    assert train({"format": "shapes", "path": "dir", "size": 112}) == DataSource(
-        format="shapes", path="dir", options={"size": 112}
+    assert train({"format": "shapes", "path": "dir", "image_size": 112}) == DataSource(
+        format="shapes", path="dir", options={"image_size": 112}
     )
     assert train({"format": "shapes"}).path is None
 
@@ -443,14 +443,14 @@ def test_overrides_apply_before_validation(tmp_path: pathlib.Path) -> None:
             "--training.lr_scheduler=linear",
             "--model.hf_overrides.text_config.hidden_size=64",
             "--logging.tensorboard=true",
-            "--data.train={ format = 'shapes', samples = 10 }",
+            "--data.train={ format = 'shapes', num_samples = 10 }",
             "checkpoint.async=true",
         ],
     )
     assert config.training.lr == 1e-4 and config.training.lr_scheduler == "linear"
     assert config.model.hf_overrides == {"text_config": {"hidden_size": 64}}
     assert config.logging.tensorboard is True
-    assert config.data.train == DataSource(format="shapes", options={"samples": 10})
+    assert config.data.train == DataSource(format="shapes", options={"num_samples": 10})
     assert config.checkpoint.async_save is True
     assert load_config(path).training.lr == 1e-3
 
@@ -547,7 +547,9 @@ ROUND_TRIP_CASES = {
     "minimal": (MINIMAL, []),
     "full": (FULL, []),
     "table_source_with_path": (
-        MINIMAL.replace('"data/train.jsonl"', '{ format = "jsonl", path = "x.data", n = 3 }'),
+        MINIMAL.replace(
+            '"data/train.jsonl"', '{ format = "jsonl", path = "x.data", max_samples = 3 }'
+        ),
         ["--data.eval=held.jsonl"],
     ),
     "plugin_sections": (MINIMAL, ["--vault.token_file=t", "--encoder_parallel.ranks=[2, 3]"]),
@@ -589,9 +591,9 @@ def test_dump_fills_defaults_and_spells_keys() -> None:
 
 
 def test_dump_writes_table_sources() -> None:
-    data = raw() | {"data": {"train": {"format": "shapes", "size": 112}, "eval": "e.json"}}
+    data = raw() | {"data": {"train": {"format": "shapes", "image_size": 112}, "eval": "e.json"}}
     dumped = config_to_dict(load_config_dict(data))["data"]
-    assert dumped["train"] == {"format": "shapes", "size": 112}
+    assert dumped["train"] == {"format": "shapes", "image_size": 112}
     assert dumped["eval"] == "e.json"
     data["data"]["train"] = {"format": "shapes", "path": "p.jsonl"}
     assert config_to_dict(load_config_dict(data))["data"]["train"] == {

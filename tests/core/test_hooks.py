@@ -1,7 +1,11 @@
-"""Every stage and event fires in DESIGN.md's order; stages can be replaced and wrapped."""
+"""Every stage and event fires in the order of ``BUILD_STAGES`` (docs/architecture.md); stages
+can be replaced and wrapped; every hook parameter has a real type."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,94 @@ def test_every_hook_has_a_docstring() -> None:
     for name in BUILD_STAGES + LIFECYCLE_EVENTS + hookspecs.REGISTRATION_HOOKS:
         doc = getattr(hookspecs, name).__doc__
         assert doc and len(doc.strip()) > 20, name
+
+
+def _type_checking_namespace() -> dict[str, Any]:
+    """hookspecs' globals plus what it imports under ``TYPE_CHECKING``."""
+    from hyper_core import hookspecs
+
+    tree = ast.parse(Path(hookspecs.__file__).read_text())
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    namespace = dict(vars(hookspecs))
+    exec(
+        compile(ast.Module(body=block.body, type_ignores=[]), hookspecs.__file__, "exec"), namespace
+    )
+    return namespace
+
+
+#: Parameters that are ``Any`` by design: a stage's result can be anything.
+_ANY_ALLOWED = {("on_stage_end", "result")}
+
+
+def test_every_hook_parameter_and_result_has_a_real_type() -> None:
+    from hyper_core import hookspecs
+
+    namespace = _type_checking_namespace()
+    for name in BUILD_STAGES + LIFECYCLE_EVENTS + hookspecs.REGISTRATION_HOOKS:
+        fn = getattr(hookspecs, name)
+        hints = typing.get_type_hints(fn, globalns=namespace)  # every annotation resolves
+        params = inspect.signature(fn).parameters
+        assert set(hints) == {*params, "return"}, name
+        for param, hint in hints.items():
+            if (name, param) not in _ANY_ALLOWED:
+                assert hint is not Any, f"{name}({param}) is Any"
+
+
+def test_docstrings_name_the_calls_the_core_makes() -> None:
+    from hyper_core import hookspecs
+    from hyper_core.data import DatasetFormat
+    from hyper_core.types import GetBatch
+
+    # the core calls a dataset format as DatasetFormat says, and get_batch per micro-batch
+    fmt_params = list(inspect.signature(DatasetFormat.__call__).parameters)[1:]
+    assert fmt_params == ["path", "options", "base_dir"]
+    assert "fn(path, options, base_dir)" in (hookspecs.register_dataset_formats.__doc__ or "")
+    assert list(inspect.signature(GetBatch.__call__).parameters)[1:] == ["micro_batch"]
+    assert "get_batch(micro_batch) -> (model_inputs, loss_inputs)" in (
+        hookspecs.build_get_batch.__doc__ or ""
+    )
+
+
+class PlainState:
+    """Stores the plain data ``on_save_checkpoint`` documents; records what comes back."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, Any] = {}
+
+    @hookimpl
+    def on_save_checkpoint(self, plugin_state: dict[str, Any]) -> None:
+        plugin_state["plain"] = {"t": torch.arange(3), "l": [1, "a", None, True, 2.5], "u": (1, 2)}
+
+    @hookimpl
+    def on_load_checkpoint(self, plugin_state: dict[str, Any]) -> None:
+        self.loaded = plugin_state["plain"]
+
+
+def test_plugin_state_of_plain_data_comes_back_on_resume(tmp_path: Path) -> None:
+    cfg = tiny_text_config(tmp_path, checkpoint={"resume": "auto"})
+    run_tiny_training(cfg, plugins=[PlainState()], steps=1)
+    plugin = PlainState()
+    run_tiny_training(cfg, plugins=[plugin], steps=2)
+    assert torch.equal(plugin.loaded["t"], torch.arange(3))
+    assert plugin.loaded["l"] == [1, "a", None, True, 2.5] and plugin.loaded["u"] == (1, 2)
+
+
+def test_the_hookspecs_import_neither_torch_nor_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hyper_core.hookspecs, hyper_core.docgen\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_stages_and_events_fire_in_order(tmp_path: Path) -> None:

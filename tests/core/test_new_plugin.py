@@ -78,7 +78,11 @@ def test_writes_the_expected_files(
         )
     else:
         assert "tiny_run(plugins=[PLUGIN, hook_recorder]" in tests
-        assert "def register_config_sections" in (root / "hyper_demo_thing/plugin.py").read_text()
+        plugin = (root / "hyper_demo_thing/plugin.py").read_text()
+        assert "def register_config_sections" in plugin
+        # It teaches per-run state on the run's own object, none at module level.
+        assert "def build_callbacks(config: Any) -> DemoThingRun | None:" in plugin
+        assert "Weak" not in plugin and "_RUNS" not in plugin
 
 
 def test_the_default_kind_is_plugin_and_the_default_dir_is_cwd(
@@ -236,4 +240,5 @@ def test_a_scaffold_installs_is_found_and_passes_its_tests(kind: str, tmp_path: 
 
     tests = _run([python, "-m", "pytest", root / "tests", "-q", "-p", "no:cacheprovider"], tmp_path)
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
-    assert "4 passed" in tests.stdout, tests.stdout[-2000:]
+    passed = 5 if kind == "plugin" else 4
+    assert f"{passed} passed" in tests.stdout, tests.stdout[-2000:]

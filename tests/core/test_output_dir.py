@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from hyper_core.cli import main
 from hyper_core.config import dump_config, load_config_dict
 from hyper_core.errors import UserError
 from hyper_core.testing import tiny_text_config
+from hyper_core.testing.processes import hyper_train
 from hyper_core.trainer.run import prepare_output_dir
 
 
@@ -25,14 +24,7 @@ def _config_file(tmp_path: Path, output_dir: Path) -> Path:
 def test_an_output_dir_that_is_a_file_exits_2_in_one_line(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hyper_core", "run", str(_config_file(tmp_path, afile))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+    proc = hyper_train(["run", str(_config_file(tmp_path, afile))], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [f"hyper-train: error: $.run.output_dir: {afile} exists and is not a directory"]

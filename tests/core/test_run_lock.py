@@ -19,6 +19,7 @@ from hyper_core.config import dump_config, load_config_dict
 from hyper_core.errors import UserError
 from hyper_core.run_lock import LOCK_NAME, RunLock
 from hyper_core.testing import isolated_host, tiny_text_config
+from hyper_core.testing.processes import hyper_train
 
 _HOLD = (
     "import sys, time\n"
@@ -51,14 +52,7 @@ def test_a_second_run_into_the_same_output_dir_exits_2_naming_the_first(
     out = tmp_path / "run"
     config = tmp_path / "run.toml"
     config.write_text(dump_config(load_config_dict(tiny_text_config(out))))
-    proc = subprocess.run(
-        [sys.executable, "-m", "hyper_core", "run", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+    proc = hyper_train(["run", str(config)], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines

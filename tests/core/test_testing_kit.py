@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hyper_core import hookimpl
@@ -45,3 +46,43 @@ def test_tiny_text_config_data_needs_no_repository(tmp_path, monkeypatch) -> Non
     assert train.is_relative_to(tmp_path / "cache")
     repo = Path(__file__).resolve().parents[2] / "configs" / "data" / "text_demo.jsonl"
     assert train.read_text() == repo.read_text()
+
+
+def test_pytest_plugin_registers_the_slow_marker_for_strict_markers(tmp_path) -> None:
+    """A third-party package (own ini, no ``slow`` marker) runs slow-marked tests strictly."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_third_party.py").write_text(
+        "import pytest\n\n\n@pytest.mark.slow\ndef test_marked():\n    pass\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--strict-markers", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+
+
+def test_subprocess_env_is_a_clean_rank_environment(tmp_path, monkeypatch) -> None:
+    from hyper_core.testing.processes import hyper_train, subprocess_env
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_PORT", "1234")
+    env = subprocess_env([tmp_path], HT_X="1")
+    assert not {"RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"} & set(env)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+    assert env["OMP_NUM_THREADS"] == "1" and env["HT_X"] == "1"
+    (tmp_path / "probe_plugin.py").write_text(
+        "from hyper_core import hookimpl\n\n\n@hookimpl\n"
+        "def register_dataset_formats(register):\n"
+        "    register('probe_format', 'probe_plugin:load')\n"
+    )
+    proc = hyper_train(["plugins", "--plugin", "probe_plugin"], importable=[tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    assert "probe_format" in proc.stdout

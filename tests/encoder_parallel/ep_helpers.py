@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hyper_core.testing import processes
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -145,38 +145,10 @@ def vl_config(out: Path, data: Path, **sections: Mapping[str, Any]) -> dict[str,
     return cfg
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """A clean environment for rank processes: one thread each, this folder importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_", "WORLD_"))}
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
-    env.update(extra)
-    return env
-
-
-def torchrun(
-    script: Path, args: Sequence[str], nproc: int = WORLD, *, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT ARGS``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", str(script), *args]
-    return subprocess.run(
-        cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def hyper_train(args: Sequence[str], *, timeout: float = 300, **env: str) -> Any:
-    """``python -m hyper_core ARGS`` in a subprocess; output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "hyper_core", *args],
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+#: Subprocesses (rank processes, the CLI) import this folder's helpers.
+subprocess_env = functools.partial(processes.subprocess_env, (HERE, REPO))
+hyper_train = functools.partial(processes.hyper_train, importable=(HERE, REPO))
+torchrun = functools.partial(processes.torchrun, importable=(HERE, REPO))
 
 
 def read_losses(out: Path) -> dict[int, float]:

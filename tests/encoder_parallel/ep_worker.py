@@ -26,6 +26,7 @@ def main(jobs_file: str) -> None:
     from hyper_core.config import dump_config, load_config_dict
     from hyper_core.plugins.manager import ENTRY_POINT_GROUP, FILTER_ENV, PluginHost
     from hyper_core.trainer.trainer import Trainer
+    from hyper_encoder_parallel.run import EncoderParallelRun
 
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
@@ -45,7 +46,8 @@ def main(jobs_file: str) -> None:
             (out / "config.toml").write_text(dump_config(config))
         trainer = Trainer(config, host)
         trainer.train()
-        balancer = getattr(trainer.unwrapped_model, "_hyper_encoder_parallel", None)
+        run = next((cb for cb in trainer.callbacks if isinstance(cb, EncoderParallelRun)), None)
+        balancer = run.balancer if run is not None else None
         stats = balancer.stats.to_json() if balancer is not None else None
         (out / f"ep_stats-rank{rank}.json").write_text(json.dumps(stats))
         del trainer

@@ -16,6 +16,7 @@ from ep_helpers import hyper_train, needs_vl, vl_config, write_dataset
 
 from hyper_core.errors import ConfigError, PluginError
 from hyper_core.testing import tiny_text_config
+from hyper_encoder_parallel.run import EncoderParallelRun
 
 
 def test_plugin_module_imports_no_torch() -> None:
@@ -44,7 +45,7 @@ def test_plugins_command_lists_the_strategy_and_section() -> None:
         "parallel strategy": ["encoder_parallel"],
         "config section": ["encoder_parallel"],
     }
-    assert {"parallelize_model", "on_log"} <= set(record["hooks"])
+    assert "build_callbacks" in record["hooks"]
 
 
 def _load(raw: dict[str, Any]) -> Any:
@@ -159,4 +160,6 @@ def test_one_rank_is_a_no_op(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
             m["grad_norm"] for m in reference.metrics
         ], name
         assert not any(k.startswith("encoder_parallel/") for m in run.metrics for k in m)
-        assert not hasattr(run.trainer.unwrapped_model, "_hyper_encoder_parallel")
+        ours = [cb for cb in run.trainer.callbacks if isinstance(cb, EncoderParallelRun)]
+        assert len(ours) == (name in ("on", "strategy")), name
+        assert all(cb.balancer is None for cb in ours)  # one rank: nothing installed

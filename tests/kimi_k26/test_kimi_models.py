@@ -207,14 +207,16 @@ def test_router_stats(
     tiny_model: torch.nn.Module,
     samples: list[dict[str, Any]],
 ) -> None:
+    from hyper_kimi_k26.moe import RouterStats
+
     mb = micro_batch(features(adapter, assets, samples), "packed")
-    assert adapter.router_metrics() == {}
-    stats = adapter.install_router_stats(tiny_model)
+    stats = RouterStats(tiny_model)
+    assert stats.collect() == {}
     assert [n for n, _ in stats.routers] == ["model.language_model.layers.1.mlp.gate"]
     tiny_model.train()
     loss_of(tiny_model, mb).backward()
     assert float(stats._counts[0].sum()) == mb.num_tokens * 2  # every token picks 2 experts
-    metrics = adapter.router_metrics()
+    metrics = stats.collect()
     assert set(metrics) == {
         "moe/load_max",
         "moe/load_min",
@@ -224,16 +226,16 @@ def test_router_stats(
     }
     assert metrics["moe/load_max"] >= 1.0 >= metrics["moe/load_min"] >= 0.0
     assert 0.0 < metrics["moe/balance"] < 4.0
-    assert adapter.router_metrics() == {}  # reset after collecting
+    assert stats.collect() == {}  # reset after collecting
     tiny_model.eval()
     with torch.no_grad():
         tiny_model(**mb.model_inputs, use_cache=False)
-    assert adapter.router_metrics() == {}  # evaluation is not counted
-    adapter.install_router_stats(tiny_model)  # idempotent: the old hooks are removed
+    assert stats.collect() == {}  # evaluation is not counted
+    stats.remove()  # the run's object removes its hooks when the run ends
     tiny_model.train()
     with torch.no_grad():
         tiny_model(**mb.model_inputs, use_cache=False)
-    assert float(adapter.router_stats._counts[0].sum()) == mb.num_tokens * 2
+    assert stats.collect() == {}
 
 
 def _save_config(adapter: KimiK25Adapter, path: Path, **changes: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from hyper_core.config import load_config
 from hyper_core.testing import isolated_host, run_tiny_training
+from hyper_kimi_k26.moe import RouterStatsRun, router_modules
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = "hyper_kimi_k26.plugin"
@@ -48,6 +49,11 @@ def test_tiny_model_learns_shapes(tmp_path: Path) -> None:
     assert {"moe/load_max", "moe/load_min", "moe/balance", "moe/dead_experts"} <= set(record)
     assert record["moe/load_max"] >= 1.0 >= record["moe/load_min"]
     assert type(run.trainer.adapter).__name__ == "KimiK25Adapter"
+    # The run's own RouterStatsRun logged them; it is unregistered and its hooks are removed.
+    (stats_run,) = [cb for cb in run.trainer.callbacks if isinstance(cb, RouterStatsRun)]
+    assert not run.trainer.host.pm.is_registered(stats_run)
+    routers = router_modules(run.trainer.unwrapped_model)
+    assert routers and not any(module._forward_hooks for _, module in routers)
 
 
 def test_freeze_vision_trains(tmp_path: Path) -> None:

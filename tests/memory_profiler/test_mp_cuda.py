@@ -76,8 +76,10 @@ def test_history_spans_the_configured_steps(
         "\n[memory_profiler]\nenabled = true\nsteps = [2, 3]\n"
         "max_entries = 123\nactivations = false\ncompare_estimate = false\n",
     )
-    prof = RunProfiler(trainer.config.section("memory_profiler"), trainer, trainer.dist)
-    prof.stage_end("setup_distributed", trainer.dist, trainer)
+    prof = RunProfiler(
+        trainer.config.section("memory_profiler"), trainer.config.run.output_dir, trainer.dist
+    )
+    prof.distributed_ready()
     assert prof.stages[0]["device"] == {"allocated": 1000, "reserved": 4000, "peak_allocated": 3000}
     prof.train_begin(trainer)
     for step in range(1, 6):
@@ -108,7 +110,9 @@ def test_error_dumps_what_was_recorded(
     fake = FakeCuda()
     fake.install(monkeypatch)
     trainer = _trainer(tmp_path, '\n[memory_profiler]\nenabled = true\nsteps = "1-4"\n')
-    prof = RunProfiler(trainer.config.section("memory_profiler"), trainer, trainer.dist)
+    prof = RunProfiler(
+        trainer.config.section("memory_profiler"), trainer.config.run.output_dir, trainer.dist
+    )
     prof.train_begin(trainer)
     prof.step_begin(trainer, 1, [])
     prof.step_end(trainer, 1)

@@ -56,8 +56,7 @@ def test_fsdp2_two_ranks_hold_half_each(tmp_path: pathlib.Path) -> None:
     for st in states:
         assert 0.45 <= st["optimizer"]["total"] / one["optimizer"]["total"] <= 0.56
     # rank 1 builds on meta (rank 0 broadcasts the weights): no memory held before sharding
-    built = {r["rank"]: r["stages"][1] for r in ranks}
-    assert built[1]["stage"] == "build_model"
+    built = {r["rank"]: next(s for s in r["stages"] if s["stage"] == "build_model") for r in ranks}
     assert built[1]["params"]["total"] == 0 and built[1]["params"]["meta"] > 0
     assert built[0]["params"]["total"] == one["params"]["total"]
     # the in-run estimate (rank 0, 2 shards) is exact for the model state

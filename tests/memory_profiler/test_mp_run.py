@@ -295,3 +295,30 @@ def test_absolute_output_dir_and_all_steps(tmp_path: pathlib.Path) -> None:
     assert [s["step"] for s in steps] == [1, 2]
     assert all("activations" not in s for s in steps)
     assert not (tmp_path / "out" / "memory").exists()
+
+
+def test_two_trainers_in_one_process_have_their_own_profiler(tmp_path: pathlib.Path) -> None:
+    """Each run owns its MemoryProfilerRun: nothing recorded by one run reaches the other,
+    and neither stays registered on the shared plugin host after its run."""
+    from hyper_core.config import load_config
+    from hyper_core.plugins.manager import PluginHost
+    from hyper_core.trainer.trainer import Trainer
+    from hyper_memory_profiler.plugin import MemoryProfilerRun
+
+    extra = '\n[memory_profiler]\nenabled = true\nsteps = "all"\nactivations = false\n'
+    host = PluginHost()
+    trainers = []
+    for name, steps in (("a", 2), ("b", 3)):
+        cfg = write_config(tmp_path / f"{name}.toml", tmp_path / name, extra=extra)
+        config = load_config(cfg, [f"--training.steps={steps}"], host.registries.config_sections)
+        trainer = Trainer(config, host)
+        trainer.train()
+        trainers.append(trainer)
+    runs = [next(cb for cb in t.callbacks if isinstance(cb, MemoryProfilerRun)) for t in trainers]
+    assert runs[0] is not runs[1] and runs[0].profiler is not runs[1].profiler
+    assert not any(host.pm.is_registered(run) for run in runs)
+    for name, steps in (("a", [1, 2]), ("b", [1, 2, 3])):
+        record = json.loads((tmp_path / name / "memory" / "summary.json").read_text())
+        assert [s["step"] for s in record["ranks"][0]["steps"]] == steps, name
+        stages = [s["stage"] for s in record["ranks"][0]["stages"]]
+        assert stages.count("setup_distributed") == 1, name

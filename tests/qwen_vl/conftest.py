@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 import torch
 from qwen_vl_helpers import ADAPTERS, FAMILIES, cached_assets, model_config
 
 from hyper_core.adapters.base import ModelAssets
-from hyper_core.testing.vl import vl_samples, write_test_images
+from hyper_core.testing.vl_fixtures import image_dir, samples  # noqa: F401 (fixtures)
 from hyper_qwen_vl.adapters import QwenVLAdapter
 
 
@@ -37,15 +34,3 @@ def tiny_model(family: str, adapter: QwenVLAdapter) -> torch.nn.Module:
     """A randomly initialised tiny model (seeded)."""
     torch.manual_seed(0)
     return adapter.build_model(model_config(family))
-
-
-@pytest.fixture(scope="session")
-def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random RGB pictures of odd sizes, plus a corrupt file."""
-    return write_test_images(tmp_path_factory.mktemp("images"))
-
-
-@pytest.fixture
-def samples(image_dir: Path) -> list[dict[str, Any]]:
-    """A micro-batch with 0, 1 and 2 images of different sizes."""
-    return vl_samples(image_dir)

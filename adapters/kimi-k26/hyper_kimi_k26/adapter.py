@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from hyper_core.adapters.base import FlopsCount, ModelAssets, ParallelPlan, VisionEncoderSpec
-from hyper_core.adapters.hf import HFModelAdapter, count_params, match_modules
+from hyper_core.adapters.base import (
+    FlopsCount,
+    ModelAssets,
+    MoEBlock,
+    ParallelPlan,
+    VisionEncoderSpec,
+    find_moe_blocks,
+)
+from hyper_core.adapters.hf import HFModelAdapter, check_tokenizer, count_params, match_modules
 from hyper_core.errors import UserError
 
 from . import configs
@@ -44,7 +51,6 @@ if TYPE_CHECKING:
     from hyper_core.batching.types import MicroBatch, SampleFeatures
     from hyper_core.config import ModelConfig
 
-    from .moe import RouterStats
     from .processor import KimiProcessor
 
 log = logging.getLogger("hyper_train.kimi_k26")
@@ -117,7 +123,6 @@ class KimiK25Adapter(HFModelAdapter):
     chat_template = KIMI_CHAT_TEMPLATE
 
     def __init__(self) -> None:
-        self.router_stats: RouterStats | None = None
         self._param_cache: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
             weakref.WeakKeyDictionary()
         )
@@ -287,22 +292,11 @@ class KimiK25Adapter(HFModelAdapter):
             3.0 * cfg.num_hidden_layers * cfg.num_attention_heads * (d_qk + cfg.v_head_dim) * seq_sq
         )
 
-    # -- MoE router statistics (logged by the plugin's on_log) ----------------------------------
-
-    def install_router_stats(self, model: torch.nn.Module) -> RouterStats:
-        """Hook the routers of ``model`` (see :mod:`hyper_kimi_k26.moe`); idempotent."""
-        from .moe import RouterStats
-
-        if self.router_stats is not None:
-            self.router_stats.remove()
-        self.router_stats = RouterStats(model)
-        return self.router_stats
-
-    def router_metrics(self, dist: Any = None) -> dict[str, float]:
-        """The router statistics since the last call (``{}`` before any hook is installed)."""
-        if self.router_stats is None:
-            return {}
-        return self.router_stats.collect(dist)
+    def moe_blocks(self, model: torch.nn.Module) -> list[MoEBlock]:
+        """The ``DeepseekV3MoE`` ``mlp`` of the decoder's sparse layers (the first
+        ``first_k_dense_replace`` are dense): routed ``experts``, top-k ``gate`` and
+        ``shared_experts`` (the :class:`~hyper_core.adapters.base.MoEAdapter` capability)."""
+        return find_moe_blocks(model, shared_experts="shared_experts")
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -335,7 +329,7 @@ class KimiK25Adapter(HFModelAdapter):
             processor = KimiProcessor(image_processor, tokenizer)
         except ValueError as exc:
             raise UserError(f"$.model.path: {exc}") from None
-        _check_tokenizer(cfg, tokenizer, model_config.path)
+        check_tokenizer(cfg, tokenizer, model_config.path, CONFIG_TOKEN_FIELDS)
         pad = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -396,23 +390,3 @@ class KimiK25Adapter(HFModelAdapter):
         if not getattr(cfg, "architectures", None):
             cfg.architectures = ["Kimi_K25ForConditionalGeneration"]
         save_checkpoint(state_dict, cfg, out_dir, assets=assets)
-
-
-def _check_tokenizer(cfg: Any, tokenizer: Any, path: str | None) -> None:
-    """The special-token ids of the config must be the tokenizer's, and its ids fit the vocab."""
-    vocab = tokenizer.get_vocab()
-    where = f"the tokenizer of {path}" if path else "the offline demo tokenizer"
-    for field, token in CONFIG_TOKEN_FIELDS.items():
-        cfg_id = getattr(cfg, field, None)
-        tok_id = vocab.get(token)
-        if cfg_id is not None and tok_id is not None and int(cfg_id) != int(tok_id):
-            hint = "" if path else " (the model directory has no tokenizer files; add them)"
-            raise UserError(
-                f"$.model: config {field} = {cfg_id} but {where} maps {token} to {tok_id}{hint}"
-            )
-    vocab_size = cfg.text_config.vocab_size
-    if max(vocab.values()) >= vocab_size:
-        raise UserError(
-            f"$.model: {where} has ids up to {max(vocab.values())} but the model's vocab_size "
-            f"is {vocab_size}"
-        )

@@ -18,11 +18,16 @@ resets them and returns, over the logged steps:
 Only forwards in training mode are counted (evaluation is not); padding tokens of the
 ``padded`` runtime are routed too and therefore counted. With activation checkpointing the
 recomputed forward counts twice, which leaves every ratio above unchanged.
+
+A Kimi run owns one :class:`RouterStatsRun` (the plugin's ``build_callbacks``), which hooks the
+routers when training begins, logs with every logged step and removes the hooks at the end.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from hyper_core import hookimpl
 
 if TYPE_CHECKING:
     import torch
@@ -115,3 +120,36 @@ class RouterStats:
             "moe/balance": float((e * (fraction * mean_score).sum(dim=-1)).mean()),
             "moe/dead_experts": float((counts == 0).sum()),
         }
+
+
+class RouterStatsRun:
+    """One run's router statistics: the per-run object of the Kimi plugin."""
+
+    def __init__(self) -> None:
+        self.stats: RouterStats | None = None
+
+    @hookimpl
+    def on_train_begin(self, trainer: Any) -> None:
+        """Hook the MoE routers (device-side counters, no sync per step)."""
+        self.stats = RouterStats(trainer.unwrapped_model)
+
+    @hookimpl
+    def on_log(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """Add ``moe/load_max``, ``moe/load_min``, ``moe/load_cv``, ``moe/balance``,
+        ``moe/dead_experts`` over the steps since the last log (a collective on every rank)."""
+        if self.stats is not None:
+            metrics.update(self.stats.collect(trainer.dist))
+
+    @hookimpl
+    def on_train_end(self) -> None:
+        """Leave no hook on the trained model."""
+        self._remove()
+
+    @hookimpl
+    def on_train_error(self) -> None:
+        """Leave no hook on the model of a failed run."""
+        self._remove()
+
+    def _remove(self) -> None:
+        if self.stats is not None:
+            self.stats.remove()

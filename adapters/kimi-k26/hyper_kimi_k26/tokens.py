@@ -23,7 +23,7 @@ dropped); the tiny configs use those ids (:data:`OFFLINE_IDS`). The real checkpo
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -194,9 +194,3 @@ def build_demo_tokenizer(chat_template: str | None = KIMI_CHAT_TEMPLATE) -> PreT
         pad_token=PAD_TOKEN,
         eos_token=IM_END,
     )
-
-
-def token_ids_of(tokenizer: Any, tokens: tuple[str, ...] | list[str]) -> dict[str, int | None]:
-    """``token -> id`` (None where the vocabulary lacks the token)."""
-    vocab = tokenizer.get_vocab()
-    return {t: (int(vocab[t]) if t in vocab else None) for t in tokens}

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hyper_core.adapters.base import FlopsCount, ModelAssets
-from hyper_core.adapters.hf import HFModelAdapter, count_params, match_modules
+from hyper_core.adapters.base import FlopsCount, ModelAssets, MoEBlock, find_moe_blocks
+from hyper_core.adapters.hf import HFModelAdapter, check_tokenizer, count_params, match_modules
 from hyper_core.data.chat import QWEN_CHATML, ChatFormat
 from hyper_core.errors import UserError
 
@@ -168,7 +168,7 @@ class QwenVLAdapter(HFModelAdapter):
                 )
         except ValueError as exc:
             raise UserError(f"$.model.path: {exc}") from None
-        _check_tokenizer(cfg, processor.tokenizer, model_config.path)
+        check_tokenizer(cfg, processor.tokenizer, model_config.path, CONFIG_TOKEN_FIELDS)
         tok = processor.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return ModelAssets(
@@ -227,26 +227,6 @@ def _inactive_expert_params(language_model: torch.nn.Module, text_config: Any) -
     return int(total * (1 - top_k / num_experts))
 
 
-def _check_tokenizer(cfg: Any, tokenizer: Any, path: str | None) -> None:
-    """The special-token ids of the config must be the tokenizer's, and its ids fit the vocab."""
-    vocab = tokenizer.get_vocab()
-    where = f"the tokenizer of {path}" if path else "the offline demo tokenizer"
-    for field, token in CONFIG_TOKEN_FIELDS.items():
-        cfg_id = getattr(cfg, field, None)
-        tok_id = vocab.get(token)
-        if cfg_id is not None and tok_id is not None and int(cfg_id) != int(tok_id):
-            hint = "" if path else " (the model directory has no tokenizer files; add them)"
-            raise UserError(
-                f"$.model: config {field} = {cfg_id} but {where} maps {token} to {tok_id}{hint}"
-            )
-    vocab_size = cfg.text_config.vocab_size
-    if max(vocab.values()) >= vocab_size:
-        raise UserError(
-            f"$.model: {where} has ids up to {max(vocab.values())} but the model's vocab_size "
-            f"is {vocab_size}"
-        )
-
-
 class Qwen2VLAdapter(QwenVLAdapter):
     """Qwen2-VL (``Qwen2VLForConditionalGeneration``)."""
 
@@ -302,3 +282,8 @@ class Qwen3VLMoeAdapter(Qwen3VLAdapter):
     config_class = "transformers:Qwen3VLMoeConfig"
     model_class = "transformers:Qwen3VLMoeForConditionalGeneration"
     named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN3_VL_MOE
+
+    def moe_blocks(self, model: torch.nn.Module) -> list[MoEBlock]:
+        """The sparse ``mlp`` of every decoder layer: routed ``experts`` and top-k ``gate``
+        (the :class:`~hyper_core.adapters.base.MoEAdapter` capability)."""
+        return find_moe_blocks(model)

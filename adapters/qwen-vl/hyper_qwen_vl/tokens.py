@@ -8,7 +8,7 @@ so the ids below are fixed and the tiny configs use them.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -100,9 +100,3 @@ def build_demo_tokenizer(chat_template: str | None = None) -> PreTrainedTokenize
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
     )
-
-
-def token_ids_of(tokenizer: Any, tokens: tuple[str, ...] | list[str]) -> dict[str, int | None]:
-    """``token -> id`` (None where the vocabulary lacks the token)."""
-    vocab = tokenizer.get_vocab()
-    return {t: (int(vocab[t]) if t in vocab else None) for t in tokens}

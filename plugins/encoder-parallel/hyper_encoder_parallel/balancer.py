@@ -37,7 +37,6 @@ import torch.distributed as tdist
 
 from .config import EncoderParallelConfig
 from .planner import image_cost, imbalance, loads, plan
-from .plugin import ATTR
 from .vision_io import FlatOutputs, Schema, merge_inputs
 
 log = logging.getLogger("hyper_train.encoder_parallel")
@@ -445,5 +444,4 @@ def install(
         group=group,
     )
     balancer.install()
-    setattr(inner, ATTR, balancer)
     return balancer

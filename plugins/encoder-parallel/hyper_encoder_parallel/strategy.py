@@ -1,10 +1,11 @@
 """The ``encoder_parallel`` strategy: a base strategy (``[encoder_parallel] base``) with
 vision-encoder balancing on.
 
-The trainer constructs strategies from ``[parallel]`` and ``[training]`` only, so the plugin
-binds the base strategy once the registries and the config are at hand (``on_stage_end`` of
-``build_model``, before ``parallelize_model``); every call then goes to the base. The balancing
-itself is installed by the plugin's ``parallelize_model`` wrapper, as with ``enabled = true``.
+The trainer constructs strategies from ``[parallel]`` and ``[training]`` only, so the run's
+:class:`~hyper_encoder_parallel.run.EncoderParallelRun` binds the base strategy once the
+registries and the config are at hand (``on_stage_end`` of ``build_model``, before
+``parallelize_model``); every call then goes to the base. The balancing itself is installed by
+that object's ``parallelize_model`` wrapper, as with ``enabled = true``.
 """
 
 from __future__ import annotations

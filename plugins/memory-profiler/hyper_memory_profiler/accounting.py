@@ -26,12 +26,6 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of the rank-local elements of ``t``."""
-    local = local_tensor(t)
-    return local.numel() * local.element_size()
-
-
 def dtype_name(t: torch.Tensor) -> str:
     """``torch.float32`` -> ``float32``."""
     return str(local_tensor(t).dtype).removeprefix("torch.")

@@ -2,15 +2,15 @@
 
 Imports neither torch nor transformers: the profiler itself
 (:mod:`hyper_memory_profiler.profiler`) is imported by the first hook of a run that enables
-``[memory_profiler]``. Each trainer gets its own :class:`~hyper_memory_profiler.profiler.
-RunProfiler`. A failure inside the profiler is logged and recorded in the summary, never
-raised into the run.
+``[memory_profiler]``. Each run gets its own :class:`MemoryProfilerRun` (from
+``build_callbacks``), which owns that run's :class:`~hyper_memory_profiler.profiler.RunProfiler`.
+A failure inside the profiler is logged and recorded in the summary, never raised into the
+run.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +18,6 @@ from hyper_core import hookimpl
 
 SECTION = "memory_profiler"
 log = logging.getLogger("hyper_train.memory_profiler")
-
-_DISABLED = object()
-_RUNS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 # -- registration -------------------------------------------------------------------------------
@@ -58,104 +55,79 @@ def register_commands(register: Any) -> None:
 # -- per-run state ------------------------------------------------------------------------------
 
 
-def _profiler(trainer: Any, dist: Any = None) -> Any:
-    """The trainer's profiler; created on the first hook that knows the DistEnv."""
-    try:
-        prof = _RUNS.get(trainer)
-    except TypeError:  # not weak-referenceable: never profiled
+@hookimpl
+def build_callbacks(config: Any, dist: Any) -> MemoryProfilerRun | None:
+    """A :class:`MemoryProfilerRun` when ``[memory_profiler] enabled``."""
+    cfg = config.section(SECTION)
+    if cfg is None or not cfg.enabled:
         return None
-    if prof is None:
-        cfg = trainer.config.section(SECTION) if trainer.config is not None else None
-        if cfg is None or not cfg.enabled:
-            _RUNS[trainer] = _DISABLED
-            return None
-        dist = dist if dist is not None else getattr(trainer, "dist", None)
-        if dist is None:
-            return None
+    return MemoryProfilerRun(cfg, config, dist)
+
+
+class MemoryProfilerRun:
+    """One run's memory profiler: the lifecycle events of the run, forwarded to its
+    :class:`~hyper_memory_profiler.profiler.RunProfiler`, which is created here (right after
+    ``setup_distributed``, whose accounting is the first row)."""
+
+    def __init__(self, cfg: Any, config: Any, dist: Any) -> None:
         from .profiler import RunProfiler
 
-        prof = RunProfiler(cfg, trainer, dist)
-        _RUNS[trainer] = prof
-    return None if prof is _DISABLED else prof
+        self.profiler = RunProfiler(cfg, config.run.output_dir, dist)
+        self._guarded("setup_distributed", self.profiler.distributed_ready)
 
+    def _guarded(self, where: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self.profiler.failed(where, exc)
 
-def _guarded(prof: Any, where: str, fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception as exc:
-        prof.failed(where, exc)
+    @hookimpl
+    def on_stage_end(self, stage: str, result: Any, trainer: Any) -> None:
+        """Account parameters, gradients, optimizer state, buffers and device memory."""
+        prof = self.profiler
+        self._guarded(f"on_stage_end[{stage}]", lambda: prof.stage_end(stage, result, trainer))
 
+    @hookimpl
+    def on_train_begin(self, trainer: Any) -> None:
+        """Start the CPU RSS sampler."""
+        self._guarded("on_train_begin", lambda: self.profiler.train_begin(trainer))
 
-# -- lifecycle ----------------------------------------------------------------------------------
-
-
-@hookimpl
-def on_stage_end(stage: str, result: Any, trainer: Any) -> None:
-    """Account parameters, gradients, optimizer state, buffers and device memory."""
-    dist = result if stage == "setup_distributed" else None
-    prof = _profiler(trainer, dist)
-    if prof is not None:
-        _guarded(prof, f"on_stage_end[{stage}]", lambda: prof.stage_end(stage, result, trainer))
-
-
-@hookimpl
-def on_train_begin(trainer: Any, state: Any) -> None:
-    """Start the CPU RSS sampler."""
-    prof = _profiler(trainer)
-    if prof is not None:
-        _guarded(prof, "on_train_begin", lambda: prof.train_begin(trainer))
-
-
-@hookimpl
-def on_step_begin(trainer: Any, state: Any, micro_batches: list[Any]) -> None:
-    """Reset the step peak; on recorded steps start allocator history and activation hooks."""
-    prof = _profiler(trainer)
-    if prof is not None:
+    @hookimpl
+    def on_step_begin(self, trainer: Any, state: Any, micro_batches: list[Any]) -> None:
+        """Reset the step peak; on recorded steps start allocator history and activation hooks."""
         step = state.global_step + 1
-        _guarded(prof, "on_step_begin", lambda: prof.step_begin(trainer, step, micro_batches))
+        self._guarded(
+            "on_step_begin", lambda: self.profiler.step_begin(trainer, step, micro_batches)
+        )
 
-
-@hookimpl
-def on_micro_step_end(trainer: Any, state: Any, micro_step: int) -> None:
-    """Stop the activation hooks after micro-batch 0."""
-    prof = _profiler(trainer)
-    if prof is not None:
+    @hookimpl
+    def on_micro_step_end(self, trainer: Any, state: Any, micro_step: int) -> None:
+        """Stop the activation hooks after micro-batch 0."""
         step = state.global_step + 1
-        _guarded(prof, "on_micro_step_end", lambda: prof.micro_step_end(trainer, step, micro_step))
+        self._guarded(
+            "on_micro_step_end", lambda: self.profiler.micro_step_end(trainer, step, micro_step)
+        )
 
-
-@hookimpl
-def on_step_end(trainer: Any, state: Any) -> None:
-    """Read the step peak."""
-    prof = _profiler(trainer)
-    if prof is not None:
+    @hookimpl
+    def on_step_end(self, trainer: Any, state: Any) -> None:
+        """Read the step peak."""
         step = state.global_step
-        _guarded(prof, "on_step_end", lambda: prof.step_end(trainer, step))
+        self._guarded("on_step_end", lambda: self.profiler.step_end(trainer, step))
 
+    @hookimpl
+    def on_log(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """Add ``mem/step_peak_mib`` (and friends) to the logged metrics."""
+        self._guarded("on_log", lambda: self.profiler.log_metrics(trainer, metrics))
 
-@hookimpl
-def on_log(trainer: Any, state: Any, metrics: dict[str, Any]) -> None:
-    """Add ``mem/step_peak_mib`` (and friends) to the logged metrics."""
-    prof = _profiler(trainer)
-    if prof is not None:
-        _guarded(prof, "on_log", lambda: prof.log_metrics(trainer, metrics))
+    @hookimpl
+    def on_train_end(self, trainer: Any) -> None:
+        """Write summary.json, report.md and memory.png."""
+        self._guarded("on_train_end", lambda: self.profiler.train_end(trainer))
 
-
-@hookimpl
-def on_train_end(trainer: Any, state: Any) -> None:
-    """Write summary.json, report.md and memory.png."""
-    prof = _profiler(trainer)
-    if prof is not None:
-        _guarded(prof, "on_train_end", lambda: prof.train_end(trainer))
-
-
-@hookimpl
-def on_train_error(trainer: Any, state: Any, exc: BaseException) -> None:
-    """Stop recording and write what there is; the run's exception propagates unchanged."""
-    prof = _profiler(trainer)
-    if prof is None:
-        return
-    try:
-        prof.train_error(trainer, exc)
-    except Exception:  # never mask the training error
-        log.exception("memory profiler: writing the summary after a failed run failed")
+    @hookimpl
+    def on_train_error(self, trainer: Any, exc: BaseException) -> None:
+        """Stop recording and write what there is; the run's exception propagates unchanged."""
+        try:
+            self.profiler.train_error(trainer, exc)
+        except Exception:  # never mask the training error
+            log.exception("memory profiler: writing the summary after a failed run failed")

@@ -29,16 +29,16 @@ def output_dir(run_output_dir: str | Path, cfg: MemoryProfilerConfig) -> Path:
 
 
 class RunProfiler:
-    """Records stage accounting, step peaks, activations and CUDA history for one trainer."""
+    """Records stage accounting, step peaks, activations and CUDA history for one run."""
 
-    def __init__(self, cfg: MemoryProfilerConfig, trainer: Any, dist: Any) -> None:
+    def __init__(self, cfg: MemoryProfilerConfig, run_output_dir: str | Path, dist: Any) -> None:
         self.cfg = cfg
         self.selection = cfg.selection
         self.rank = int(getattr(dist, "rank", 0))
         self.world_size = int(getattr(dist, "world_size", 1))
         self.device = getattr(dist, "device", None)
         self.cuda = self.device is not None and self.device.type == "cuda"
-        self.out_dir = output_dir(trainer.config.run.output_dir, cfg)
+        self.out_dir = output_dir(run_output_dir, cfg)
         self.groups = GroupMap({"language": [""]})
         self.group_source = "default"
         self.stages: list[dict[str, Any]] = []
@@ -79,6 +79,10 @@ class RunProfiler:
         return last if last is not None else (self.train_iters or None)
 
     # -- build stages ---------------------------------------------------------------------------
+
+    def distributed_ready(self) -> None:
+        """The ``setup_distributed`` row: nothing built yet but the process group."""
+        self.stages.append(self._row("setup_distributed", None, None))
 
     def stage_end(self, stage: str, result: Any, trainer: Any) -> None:
         """Account the objects built so far (the stage's own result is not yet on trainer)."""

@@ -54,11 +54,6 @@ def find_summary(path: str | Path) -> Path:
     )
 
 
-def load_summary(path: str | Path) -> dict[str, Any]:
-    """Read a summary.json (see :func:`find_summary` for the paths tried)."""
-    return json.loads(find_summary(path).read_text())
-
-
 # -- what the tables show -----------------------------------------------------------------------
 
 
