@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +99,12 @@ def _image_dir(value: str, base_dir: Path, where: str) -> Path:
     return path
 
 
-def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[dict[str, Any]]:
+def _load_source(source: Any, config: Any, registries: Any, key: str) -> Sequence[dict[str, Any]]:
     """The source's raw samples; with ``image_dir`` (or ``[data] image_root``) each sample's
     ``_image_dir`` says where its relative image paths resolve. A format that declares an
     ``options`` class gets its options as an instance of it."""
     from ..config.loader import format_options
-    from ..data.jsonl import IMAGE_DIR_KEY
+    from ..data.jsonl import IMAGE_DIR_KEY, WithImageDir
     from .resolve import named
 
     fmt = named(f"$.data.{key}.format", registries.dataset_formats, source.format)
@@ -114,11 +115,15 @@ def _load_source(source: Any, config: Any, registries: Any, key: str) -> list[di
     elif config.data.image_root is not None:
         image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
     options = format_options(fmt, source.options, f"$.data.{key}")
-    samples = list(fmt(source.path, options, base_dir))
-    if image_dir is not None:
-        value = str(image_dir)
-        for sample in samples:  # formats return fresh dicts
-            sample[IMAGE_DIR_KEY] = value
+    samples = fmt(source.path, options, base_dir)
+    if not isinstance(samples, Sequence):
+        samples = list(samples)
+    if image_dir is None:
+        return samples
+    if not isinstance(samples, list):  # lazy: set on access
+        return WithImageDir(samples, str(image_dir))
+    for sample in samples:  # formats return fresh dicts
+        sample[IMAGE_DIR_KEY] = str(image_dir)
     return samples
 
 

@@ -1,4 +1,4 @@
-"""The core's subcommands: run, plugins, config, export, chat, plot, new-plugin."""
+"""The core's subcommands: run, plugins, config, data, export, chat, plot, new-plugin."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
 
-CORE_COMMANDS = ("run", "plugins", "config", "export", "chat", "plot", "new-plugin")
+CORE_COMMANDS = ("run", "plugins", "config", "data", "export", "chat", "plot", "new-plugin")
 
 
 def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -49,6 +49,20 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     config.add_argument("config", help="the TOML config")
     _world_options(config)
     config.set_defaults(handler=cmd_config, accepts_overrides=True)
+
+    data = sub.add_parser(
+        "data",
+        help="check the training data without training",
+        description="stats: read the training samples through the real transform (no model) "
+        "and print bad samples, tokens and images per sample, predicted padding and steps.",
+    )
+    global_options(data)
+    data.add_argument("action", choices=["stats"])
+    data.add_argument("config", help="the TOML config")
+    data.add_argument("--samples", type=int, default=None, help="read only the first N samples")
+    data.add_argument("--json", action="store_true", help="machine-readable output")
+    _world_options(data)
+    data.set_defaults(handler=cmd_data, accepts_overrides=True)
 
     export = sub.add_parser("export", help="write a checkpoint in the Hugging Face layout")
     global_options(export)
@@ -459,6 +473,23 @@ def _with_resolved_adapter(config: Any, host: Any) -> Any:
     except UserError:
         return config
     return attrs.evolve(config, model=attrs.evolve(config.model, adapter=adapter.name))
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    """``hyper-train data stats CONFIG [--samples N] [--json]``."""
+    from ..config.world import NodeRange
+    from ..data.stats import data_stats
+
+    if args.samples is not None and args.samples < 1:
+        raise UserError(f"--samples: expected at least 1, got {args.samples}")
+    config, host = load_run_config(args)
+    world = (args.nproc_per_node or 1) * NodeRange.parse(args.nnodes).min
+    stats = data_stats(config, host, limit=args.samples, world_size=world)
+    print(json.dumps(stats.to_json(), indent=2) if args.json else stats.render())
+    return 0
 
 
 # -- export ---------------------------------------------------------------------------------

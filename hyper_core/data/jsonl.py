@@ -13,9 +13,9 @@ each line is decoded and parsed on its own by :func:`parse_line`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import attrs
 
@@ -51,6 +51,12 @@ def _as_sample(value: Any, source: dict[str, Any]) -> RawSample:
     return value
 
 
+def too_long(length: int, source: dict[str, Any], max_line_bytes: int) -> RawSample:
+    """The deferred ``too_long`` error of a line of ``length`` bytes (the line is not read)."""
+    message = f"line of {length} bytes > max_line_bytes {max_line_bytes} (not parsed)"
+    return _deferred(source, "too_long", message)
+
+
 def parse_line(
     raw: bytes, source: dict[str, Any], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> RawSample:
@@ -60,8 +66,7 @@ def parse_line(
     ``invalid_json`` (including nesting too deep to parse), ``bad_format`` (not an object).
     """
     if len(raw) > max_line_bytes:
-        message = f"line of {len(raw)} bytes > max_line_bytes {max_line_bytes} (not parsed)"
-        return _deferred(source, "too_long", message)
+        return too_long(len(raw), source, max_line_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -180,11 +185,13 @@ def load_jsonl_format(
     base_dir: str | Path | None = None,
     *,
     where: str = "$.data.train",
-) -> list[RawSample]:
+) -> Sequence[RawSample]:
     """The ``jsonl`` dataset format: ``path`` (relative to ``base_dir``) read with provenance.
 
-    JSON lines, or a JSON array in a ``.json`` file; ``options`` are :class:`JsonlOptions` (a
-    dict is validated into them). ``where`` is the config path used in error messages.
+    JSON lines are read lazily (:class:`~hyper_core.data.jsonl_index.JsonlFile`, indexed once);
+    a ``.json`` file is read whole, as JSON lines or a JSON array. ``options`` are
+    :class:`JsonlOptions` (a dict is validated into them). ``where`` is the config path used in
+    error messages.
     """
     from ..config.loader import format_options
 
@@ -195,9 +202,38 @@ def load_jsonl_format(
     resolved = Path(path)
     if not resolved.is_absolute() and base_dir is not None:
         resolved = Path(base_dir) / resolved
-    samples = read_jsonl(resolved, max_line_bytes=options.max_line_bytes)
+    samples: Sequence[RawSample]
+    if resolved.suffix.lower() == ".json":  # may be a JSON array: parsed whole
+        samples = read_jsonl(resolved, max_line_bytes=options.max_line_bytes)
+    else:
+        from .jsonl_index import JsonlFile
+
+        samples = JsonlFile(resolved, max_line_bytes=options.max_line_bytes)
     limit = options.max_samples
     return samples[:limit] if limit is not None else samples
 
 
 load_jsonl_format.options = JsonlOptions  # type: ignore[attr-defined]
+
+
+class WithImageDir(Sequence[RawSample]):
+    """``samples`` with ``_image_dir`` set on each sample as it is read (lazy samples stay
+    lazy); slicing keeps the directory."""
+
+    def __init__(self, samples: Sequence[RawSample], image_dir: str) -> None:
+        self.samples = samples
+        self.image_dir = image_dir
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @overload
+    def __getitem__(self, index: int) -> RawSample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> WithImageDir: ...
+
+    def __getitem__(self, index: int | slice) -> RawSample | WithImageDir:
+        if isinstance(index, slice):
+            return WithImageDir(self.samples[index], self.image_dir)
+        return {**self.samples[index], IMAGE_DIR_KEY: self.image_dir}

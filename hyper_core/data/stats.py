@@ -1,0 +1,323 @@
+"""Data preflight: token, image and padding statistics of transformed samples (``data stats``).
+
+The computation here is pure: it takes per-sample counts and the batch sizes, and predicts the
+padding the way the batching runtimes lay out micro-batches. Samples are taken in the order
+read (a run shuffles them, so a run's padding differs by the luck of the draw).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from ..batching.padded import round_up
+
+#: How many ``file:line`` are kept per bad-sample reason.
+MAX_WHERE = 3
+#: Bars of the text histogram.
+HISTOGRAM_BINS = 8
+HISTOGRAM_WIDTH = 30
+
+
+@attrs.frozen
+class SampleCounts:
+    """What one transformed sample holds: tokens, of them image and loss tokens, and images."""
+
+    tokens: int
+    image_tokens: int
+    loss_tokens: int
+    images: int
+
+
+@attrs.frozen
+class BadSample:
+    """A sample the transform skipped, by reason and ``file:line``."""
+
+    reason: str
+    where: str
+
+
+@attrs.frozen
+class Summary:
+    """min/median/p90/max/total of a list of counts (median: the lower middle value; p90: the
+    nearest rank, ``sorted[ceil(0.9 n) - 1]``); all 0 for no values."""
+
+    min: int
+    median: int
+    p90: int
+    max: int
+    total: int
+
+    @classmethod
+    def of(cls, values: Sequence[int]) -> Summary:
+        """The summary of ``values``."""
+        if not values:
+            return cls(0, 0, 0, 0, 0)
+        s = sorted(values)
+        n = len(s)
+        return cls(s[0], s[(n - 1) // 2], s[math.ceil(0.9 * n) - 1], s[-1], sum(s))
+
+
+@attrs.frozen
+class Padding:
+    """Predicted padding of one batching layout over the samples read."""
+
+    micro_batches: int
+    tokens: int  # real tokens
+    padding: int  # padding positions
+
+    @property
+    def ratio(self) -> float:
+        """Fraction of the model's input positions that are padding."""
+        total = self.tokens + self.padding
+        return self.padding / total if total else 0.0
+
+
+@attrs.frozen
+class Batching:
+    """The config's batch sizes and the world size they are checked against."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    world_size: int = 1
+    pad_to_multiple_of: int = 1
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per step on each rank (``global = micro × accumulation × world``)."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``2 micro-batches``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
+
+
+def micro_batch_groups(lengths: Sequence[int | None], batching: Batching) -> Iterable[list[int]]:
+    """The token counts of each micro-batch, as a run groups them: each step takes
+    ``global_batch_size`` samples, each rank its contiguous share, drops the bad ones (None),
+    and splits the rest into ``micro_batch_size`` groups (see ``StepSampler.step_indices``)."""
+    g, w, m = batching.global_batch_size, batching.world_size, batching.micro_batch_size
+    for begin in range(0, len(lengths), g):
+        step = lengths[begin : begin + g]
+        size = len(step)
+        for r in range(w):
+            share = [n for n in step[(r * size) // w : ((r + 1) * size) // w] if n is not None]
+            for i in range(0, len(share), m):
+                yield share[i : i + m]
+
+
+def predict_padding(lengths: Sequence[int | None], batching: Batching) -> dict[str, Padding]:
+    """Padding of the ``padded`` runtime (each micro-batch right-padded to its longest sample,
+    rounded up to ``pad_to_multiple_of``) and of ``packed`` (one row, its total rounded up);
+    without the vision filler that several ranks add to image-less VL micro-batches."""
+    multiple = batching.pad_to_multiple_of
+    groups = list(micro_batch_groups(lengths, batching))
+    tokens = sum(sum(g) for g in groups)
+    padded = sum(len(g) * round_up(max(g), multiple) for g in groups) - tokens
+    packed = sum(round_up(sum(g), multiple) for g in groups) - tokens
+    return {
+        "padded": Padding(len(groups), tokens, padded),
+        "packed": Padding(len(groups), tokens, packed),
+    }
+
+
+def histogram(values: Sequence[int], bins: int = HISTOGRAM_BINS) -> list[tuple[int, int, int]]:
+    """``(low, high, count)`` of equal-width integer bins from min to max (inclusive)."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    width = max(1, -(-(hi - lo + 1) // bins))
+    counts = [0] * -(-(hi - lo + 1) // width)
+    for v in values:
+        counts[(v - lo) // width] += 1
+    return [(lo + i * width, lo + (i + 1) * width - 1, c) for i, c in enumerate(counts)]
+
+
+@attrs.frozen
+class DataStats:
+    """The preflight report of one data set."""
+
+    samples_total: int  # samples in the data set
+    samples_read: int
+    samples: tuple[SampleCounts, ...]
+    bad: tuple[BadSample, ...]
+    batching: Batching
+    runtime: str  # the config's batching runtime
+    #: Each read sample's tokens, None for a bad one, in the order read.
+    lengths: tuple[int | None, ...]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch over every sample of the data set (drop_last)."""
+        return self.samples_total // self.batching.global_batch_size
+
+    def bad_by_reason(self) -> dict[str, dict[str, Any]]:
+        """``reason -> {count, first: [file:line, ...]}``, most frequent first."""
+        out: dict[str, dict[str, Any]] = {}
+        for b in self.bad:
+            entry = out.setdefault(b.reason, {"count": 0, "first": []})
+            entry["count"] += 1
+            if len(entry["first"]) < MAX_WHERE:
+                entry["first"].append(b.where)
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1]["count"], kv[0])))
+
+    def summaries(self) -> dict[str, Summary]:
+        """Per-sample tokens, image tokens, loss tokens and images."""
+        s = self.samples
+        return {
+            "tokens": Summary.of([c.tokens for c in s]),
+            "image_tokens": Summary.of([c.image_tokens for c in s]),
+            "loss_tokens": Summary.of([c.loss_tokens for c in s]),
+            "images": Summary.of([c.images for c in s]),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain numbers for ``--json``."""
+        b = self.batching
+        return {
+            "samples": {
+                "total": self.samples_total,
+                "read": self.samples_read,
+                "usable": len(self.samples),
+                "bad": len(self.bad),
+            },
+            "bad": self.bad_by_reason(),
+            "per_sample": {k: attrs.asdict(v) for k, v in self.summaries().items()},
+            "histogram": {"tokens": [list(h) for h in histogram([c.tokens for c in self.samples])]},
+            "padding": {
+                k: {**attrs.asdict(v), "ratio": round(v.ratio, 6)}
+                for k, v in predict_padding(self.lengths, b).items()
+            },
+            "runtime": self.runtime,
+            "batching": {**attrs.asdict(b), "micro_batches_per_step": b.accumulation},
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+    def render(self) -> str:
+        """The human-readable report."""
+        b = self.batching
+        lines = [
+            f"samples: {self.samples_read} read of {self.samples_total}, "
+            f"{len(self.samples)} usable, {len(self.bad)} bad"
+        ]
+        for reason, entry in self.bad_by_reason().items():
+            more = ", ..." if entry["count"] > len(entry["first"]) else ""
+            lines.append(f"  {reason}: {entry['count']} ({', '.join(entry['first'])}{more})")
+        lines.append("per sample        min  median     p90     max     total")
+        for name, s in self.summaries().items():
+            lines.append(f"  {name:<14}{s.min:>5}{s.median:>8}{s.p90:>8}{s.max:>8}{s.total:>10}")
+        bins = histogram([c.tokens for c in self.samples])
+        if bins:
+            lines.append("tokens per sample:")
+            top = max(c for _, _, c in bins)
+            for lo, hi, count in bins:
+                bar = "#" * round(HISTOGRAM_WIDTH * count / top)
+                label = str(lo) if lo == hi else f"{lo}-{hi}"
+                lines.append(f"  {label:>13} {count:>6} {bar}".rstrip())
+        lines.append(
+            f"padding at micro_batch_size {b.micro_batch_size}, in the order read "
+            f"(this config batches {self.runtime}):"
+        )
+        for name, p in predict_padding(self.lengths, b).items():
+            lines.append(
+                f"  {name:<7} {p.padding} padding of {p.tokens + p.padding} positions "
+                f"({100 * p.ratio:.1f}%) in {plural(p.micro_batches, 'micro-batch')}"
+            )
+        lines.append(
+            f"steps: {b.accumulation} micro-batches of {b.micro_batch_size} per step on each of "
+            f"{b.world_size} rank(s) (global_batch_size {b.global_batch_size}); "
+            f"{plural(self.steps_per_epoch, 'step')} per epoch of {self.samples_total} samples"
+        )
+        return "\n".join(lines)
+
+
+def sample_counts(features: Any, image_token_id: int | None) -> SampleCounts:
+    """The counts of one :class:`~hyper_core.batching.types.SampleFeatures`; image tokens are
+    the positions holding ``image_token_id`` (0 without one)."""
+    image_tokens = 0
+    if image_token_id is not None:
+        image_tokens = int((features.input_ids == image_token_id).sum())
+    return SampleCounts(
+        tokens=features.length,
+        image_tokens=image_tokens,
+        loss_tokens=features.num_loss_tokens,
+        images=int(features.num_images),
+    )
+
+
+def collect_stats(
+    dataset: Sequence[Any],
+    *,
+    limit: int | None,
+    batching: Batching,
+    runtime: str,
+    image_token_id: int | None = None,
+) -> DataStats:
+    """Read the first ``limit`` (None: all) items of a ``TransformedDataset`` and count them."""
+    from .dataset import Skipped
+
+    total = len(dataset)
+    n = total if limit is None else min(limit, total)
+    samples: list[SampleCounts] = []
+    bad: list[BadSample] = []
+    lengths: list[int | None] = []
+    for i in range(n):
+        item = dataset[i]
+        if isinstance(item, Skipped):
+            bad.append(BadSample(item.reason, item.where()))
+            lengths.append(None)
+        else:
+            counts = sample_counts(item, image_token_id)
+            samples.append(counts)
+            lengths.append(counts.tokens)
+    return DataStats(
+        samples_total=total,
+        samples_read=n,
+        samples=tuple(samples),
+        bad=tuple(bad),
+        batching=batching,
+        runtime=runtime,
+        lengths=tuple(lengths),
+    )
+
+
+def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1) -> DataStats:
+    """The train data's stats through the plugin host's asset, transform and dataset stages,
+    without building the model."""
+    from ..builtin.resolve import resolve_adapter, resolve_runtime
+    from ..parallel.env import DistEnv
+
+    adapter = resolve_adapter(config.model, host.registries)
+    assets = host.call_stage("build_model_assets", config=config, adapter=adapter)
+    transform = host.call_stage(
+        "build_data_transform", config=config, adapter=adapter, assets=assets
+    )
+    datasets = host.call_stage(
+        "build_dataset",
+        config=config,
+        transform=transform,
+        dist=DistEnv(),
+        registries=host.registries,
+    )
+    runtime = resolve_runtime(config, adapter, assets, host.registries)
+    t = config.training
+    batching = Batching(
+        global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size,
+        world_size=world_size,
+        pad_to_multiple_of=runtime.options.pad_to_multiple_of,
+    )
+    image_token_id = getattr(getattr(assets, "processor", None), "image_token_id", None)
+    return collect_stats(
+        datasets.train,
+        limit=limit,
+        batching=batching,
+        runtime=runtime.name,
+        image_token_id=image_token_id,
+    )
