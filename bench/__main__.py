@@ -17,6 +17,7 @@ BENCHMARKS = (
     "checkpoint",
     "vs_hf_trainer",
     "encoder_parallel",
+    "load",
 )
 
 

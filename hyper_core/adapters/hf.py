@@ -203,8 +203,10 @@ class HFModelAdapter(ModelAdapter):
         cfg = self.hf_config(model_config)
         dtype = dtype if dtype is not None else torch_dtype(model_config.dtype)
         cls = self.model_cls(cfg, model_config.trust_remote_code)
-        if model_config.path is not None and str(device) != "meta":
+        if model_config.path is not None:
+            # On meta too: a sharded load reads the files only after the model is sharded.
             self._check_weights(Path(model_config.path))
+        if model_config.path is not None and str(device) != "meta":
             model = cls.from_pretrained(
                 model_config.path,
                 config=cfg,
@@ -231,6 +233,16 @@ class HFModelAdapter(ModelAdapter):
         vision = self.parallel_plan(model).vision_encoder
         if vision is not None:
             drop_varlen_kwargs(model.get_submodule(vision.module))
+
+    def checkpoint_conversions(self, model: torch.nn.Module) -> list[Any]:
+        """How the checkpoint's names and layouts map onto ``model``'s parameters, for a
+        sharded load (``fsdp2`` with ``[model] path``): transformers' conversion mapping for
+        the model's class, the one ``from_pretrained`` applies (renamed prefixes, per-expert
+        keys fused into one tensor, ...). Override to add ``WeightRenaming``/
+        ``WeightConverter`` entries for checkpoints transformers does not know."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        return list(get_model_conversion_mapping(model))
 
     @staticmethod
     def _check_weights(path: Path) -> None:

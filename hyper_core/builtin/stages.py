@@ -62,13 +62,21 @@ def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
 
 @default
 def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
-    """Activation checkpointing per sharding unit, then the strategy."""
+    """Activation checkpointing per sharding unit, then the strategy; with
+    ``dist.sharded_load`` each rank then reads its shards from ``[model] path``."""
     plan = adapter.parallel_plan(model)
     if config.training.activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, plan)
-    return strategy.apply(model, plan, dist)
+    if not dist.sharded_load:
+        return strategy.apply(model, plan, dist)
+    from ..parallel.hf_load import load_hf_shards
+
+    conversions = adapter.checkpoint_conversions(model)  # before sharding renames classes
+    model = strategy.apply(model, plan, dist)
+    load_hf_shards(strategy.unwrap(model), Path(config.model.path), dist, conversions)
+    return model
 
 
 @default

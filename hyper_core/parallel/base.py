@@ -22,6 +22,11 @@ class ParallelStrategy:
     on the CPU and the other ranks a meta-device model; :meth:`apply` must then materialise it
     on every rank from rank 0 (see :mod:`hyper_core.parallel.materialize`).
 
+    With :attr:`loads_shards` and weights from ``[model] path``, every rank builds on meta
+    (``dist.sharded_load``): :meth:`apply` then only shards and allocates the model, and the
+    ``parallelize_model`` stage fills each rank's shards from the checkpoint files
+    (:mod:`hyper_core.parallel.hf_load`); no process holds the full model.
+
     Gradient scale: the trainer's loss is this rank's token-loss sum over the *global* number
     of loss tokens, and it multiplies it by ``dp_size`` before ``backward``, so a strategy must
     *average* gradients over the data-parallel ranks (what DDP and FSDP2 do by default).
@@ -30,6 +35,7 @@ class ParallelStrategy:
     name: ClassVar[str] = ""
     shards_parameters: ClassVar[bool] = False
     meta_init: ClassVar[bool] = False
+    loads_shards: ClassVar[bool] = False
 
     def __init__(self, parallel_config: Any, training_config: Any) -> None:
         self.parallel = parallel_config

@@ -3,7 +3,9 @@
 With ``[parallel] dp_replicate > 1`` the mesh is 2-D (``dp_replicate × dp_shard``) and FSDP2
 shards within a replica group and all-reduces across groups (HSDP). The model arrives on meta
 (rank 0 keeps the full weights aside), is sharded, allocated shard-wise on the device and
-filled from rank 0 (:mod:`hyper_core.parallel.materialize`).
+filled from rank 0 (:mod:`hyper_core.parallel.materialize`). With ``[model] path`` no rank
+holds the full weights: every rank builds on meta and, after sharding, reads its own slices
+of the checkpoint (:mod:`hyper_core.parallel.hf_load`).
 
 Gradients: FSDP2 divides the reduce-scattered (and, under HSDP, all-reduced) gradients by the
 data-parallel world size, i.e. it averages, which the trainer's ``× dp_size`` loss scale turns
@@ -35,6 +37,7 @@ class FSDP2(ParallelStrategy):
     name = "fsdp2"
     shards_parameters = True
     meta_init = True
+    loads_shards = True
 
     def mixed_precision(self) -> object:
         """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``."""
@@ -50,11 +53,17 @@ class FSDP2(ParallelStrategy):
             return model  # nothing to shard over; same weights and math as `none`
         from torch.distributed.fsdp import fully_shard
 
-        from .materialize import load_from_rank0, materialize, take_rank0_source
+        from .materialize import (
+            load_from_rank0,
+            materialize,
+            materialize_buffers,
+            take_rank0_source,
+        )
 
         if dist.mesh is None:
             raise RuntimeError("fsdp2 needs the device mesh of setup_distributed")
-        source = take_rank0_source(model, dist)
+        # Weights from [model] path: every rank is on meta and reads its own shards after this.
+        source = None if dist.sharded_load else take_rank0_source(model, dist)
         mp = self.mixed_precision()
         units = match_modules(model, plan.sharding_units)
         if not units and dist.is_main:
@@ -67,8 +76,13 @@ class FSDP2(ParallelStrategy):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
         fully_shard(model, mesh=dist.mesh, mp_policy=mp)
         ignore_root_view_warning(model)
-        materialize(model, dist.device)
-        load_from_rank0(model, source, dist)
+        if dist.sharded_load:
+            # Parameters stay on meta: the load creates each rank's shards (FSDP2 adopts the
+            # new parameters at its lazy init), so no second copy is ever allocated.
+            materialize_buffers(model, dist.device)
+        else:
+            materialize(model, dist.device)
+            load_from_rank0(model, source, dist)
         return model
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -35,8 +35,11 @@ if TYPE_CHECKING:
 
 
 def build_device(dist: DistEnv) -> str:
-    """Where this rank builds the model: ``"cpu"`` (rank 0, or one process) or ``"meta"``."""
-    return "meta" if dist.meta_init and dist.rank != 0 else "cpu"
+    """Where this rank builds the model: ``"cpu"`` (rank 0, or one process) or ``"meta"``
+    (the other ranks; every rank when it loads its own shards)."""
+    if dist.meta_init and (dist.rank != 0 or dist.sharded_load):
+        return "meta"
+    return "cpu"
 
 
 def build_model_on_rank(adapter: Any, model_config: Any, dist: DistEnv) -> torch.nn.Module:
@@ -96,6 +99,18 @@ def materialize(model: torch.nn.Module, device: Any) -> None:
     retie(groups)
     if device != "meta":
         init_non_persistent_buffers(model)
+
+
+def materialize_buffers(model: torch.nn.Module, device: Any) -> None:
+    """Allocate the buffers of a meta model on ``device`` and recompute the non-persistent
+    ones; parameters stay on meta (a sharded load creates them shard by shard)."""
+    import torch
+
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.is_meta:
+                module._buffers[name] = torch.empty_like(buf, device=device)
+    init_non_persistent_buffers(model)
 
 
 def init_non_persistent_buffers(model: torch.nn.Module) -> list[str]:

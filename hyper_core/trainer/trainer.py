@@ -105,6 +105,13 @@ class Trainer:
         # Rank 0 builds the model in full, the others on meta, when the strategy broadcasts it.
         meta_init = bool(getattr(self.strategy, "meta_init", False))
         self.dist.meta_init = meta_init and self.dist.world_size > 1
+        # ...or every rank on meta, each reading its own shards of [model] path.
+        self.dist.sharded_load = (
+            self.dist.meta_init
+            and bool(getattr(self.strategy, "loads_shards", False))
+            and cfg.model.path is not None
+            and hasattr(self.adapter, "checkpoint_conversions")
+        )
         self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
         self.model = self._stage(
             "parallelize_model",
