@@ -246,6 +246,12 @@ def build_loss(config: Config, adapter: ModelAdapter) -> LossFn | None:
     ``num_loss_tokens`` is the global count of loss tokens of the whole step (all ranks, all
     micro-batches): the loss is a *sum* over this micro-batch divided by it, so that gradient
     accumulation and data parallelism give the gradient of the mean over the global batch.
+
+    When the adapter sets ``logits_at_labels_only`` (every transformers-based adapter does),
+    the model computes logits only at the label positions: ``outputs.logits`` is
+    ``(n, vocab)`` and ``loss_inputs["labels"]`` the ``n`` matching labels, with
+    ``loss_inputs["label_mask"]`` the ``(batch, seq)`` positions they come from. A loss that
+    flattens logits and labels (the default, the example) works on both layouts.
     """
 
 
@@ -354,7 +360,8 @@ def build_evaluator(
     ``token_accuracy``, exact match per question type and ``eval_generate_samples``; it runs
     its forwards through ``lockstep`` (:class:`~hyper_core.training.lockstep.Lockstep`) so that
     every rank runs as many as the others. A ``samples`` entry is written to
-    ``eval_samples.jsonl``.
+    ``eval_samples.jsonl``. ``get_batch`` is the run's, with the label positions marked first
+    when the model computes logits only there (as in training; see ``build_loss``).
     """
 
 

@@ -118,6 +118,12 @@ class ModelAdapter:
         """The sharding units and the vision encoder of ``model``."""
         raise NotImplementedError
 
+    #: The model computes logits only where labels are when its ``forward`` is given
+    #: ``logits_to_keep`` as a ``(batch, seq)`` boolean mask (transformers ≥ 5 models do; see
+    #: :mod:`hyper_core.training.label_positions`). False for a model whose head or loss needs
+    #: every position.
+    logits_at_labels_only: ClassVar[bool] = False
+
     def forward_kwargs(self) -> dict[str, Any]:
         """Extra keyword arguments for every training forward (``use_cache=False``)."""
         return {"use_cache": False}

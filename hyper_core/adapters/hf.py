@@ -140,6 +140,7 @@ class HFModelAdapter(ModelAdapter):
     projector_module: ClassVar[str | None] = None
     language_module: ClassVar[str] = ""
     vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    logits_at_labels_only: ClassVar[bool] = True
 
     # -- config -------------------------------------------------------------------------------
 

@@ -301,6 +301,35 @@ def check_packed_equals_padded(t: AdapterUnderTest) -> str:
     return f"|Δloss| {abs(packed - padded):.1e}, max |Δgrad| {worst[0]:.1e}"
 
 
+def check_label_positions(t: AdapterUnderTest) -> str:
+    """Logits at the label positions only (``logits_to_keep``, what training does when the
+    adapter sets ``logits_at_labels_only``): the same loss and gradients as logits everywhere
+    (1e-5), packed and padded."""
+    from ..training.label_positions import keep_label_positions, supports_label_positions
+
+    model = t.build_model()
+    if not supports_label_positions(t.adapter, model):
+        return "not declared (logits at every position)"
+    worst = 0.0
+    for kind in ("packed", "padded"):
+        mb = t.micro_batch(kind)
+        results = {}
+        for name, batch in (("all", mb), ("labels", keep_label_positions(mb))):
+            model.zero_grad(set_to_none=True)
+            loss = t.loss(model, batch)
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results[name] = (loss.item(), grads)
+        (full, fg), (only, lg) = results["all"], results["labels"]
+        assert abs(full - only) <= ATOL, f"{kind}: loss {only:.7f} vs {full:.7f} at every position"
+        assert fg.keys() == lg.keys(), f"{kind}: different parameters get gradients"
+        for n in fg:
+            diff = (fg[n] - lg[n]).abs().max().item()
+            worst = max(worst, diff)
+            assert diff <= ATOL + 1e-4 * fg[n].abs().max().item(), f"{kind}: gradient of {n}"
+    return f"max |Δgrad| {worst:.1e}"
+
+
 def check_parallel_plan(t: AdapterUnderTest) -> str:
     """Every sharding-unit pattern and freeze group names modules that exist."""
     from ..adapters.hf import match_modules
@@ -488,6 +517,7 @@ CHECKS: dict[str, Callable[[AdapterUnderTest], str]] = {
     "transform": check_transform,
     "train_step": check_train_step,
     "packed_equals_padded": check_packed_equals_padded,
+    "label_positions": check_label_positions,
     "parallel_plan": check_parallel_plan,
     "vision_encoder": check_vision_encoder,
     "flops": check_flops,

@@ -96,7 +96,7 @@ class DefaultEvaluator:
                         outputs = model(**model_inputs, **forward_kwargs)
                     if weight:
                         loss, _ = self.loss_fn(outputs, loss_inputs, 1.0)
-                        stats.add(mb, outputs.logits, loss_inputs["labels"], float(loss))
+                        stats.add(mb, outputs.logits, loss_inputs, float(loss))
             samples = self.generate_samples(self.config.training.eval_generate_samples)
         finally:
             model.train()
@@ -155,11 +155,16 @@ class _Stats:
     token_hits: int = 0
     correct: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(lambda: [0, 0]))
 
-    def add(self, mb: Any, logits: torch.Tensor, labels: torch.Tensor, loss_sum: float) -> None:
+    def add(
+        self, mb: Any, logits: torch.Tensor, loss_inputs: dict[str, Any], loss_sum: float
+    ) -> None:
+        from ..training.label_positions import full_labels, full_predictions
+
+        labels = full_labels(loss_inputs["labels"], loss_inputs)
         mask = labels != -100
         self.loss_sum += loss_sum
         self.tokens += int(mask.sum())
-        right = logits.argmax(-1) == labels
+        right = full_predictions(logits.argmax(-1), loss_inputs) == labels
         self.token_hits += int((right & mask).sum())
         hits = right | ~mask
         for (row, start, end), meta in zip(sample_rows(mb, labels), mb.meta, strict=False):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
+from ..training.label_positions import keep_label_positions, supports_label_positions
 from ..training.lockstep import Lockstep
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .state import TrainState
@@ -62,6 +63,7 @@ class Trainer:
         self.collate_fn: Any = None
         self.dataloaders: Any = None
         self.get_batch: Any = None
+        self.label_positions = False
         self.train_iters: int = 0
         self.optimizer: Any = None
         self.lr_scheduler: Any = None
@@ -75,6 +77,13 @@ class Trainer:
         self._first_stop_at = 0.0
 
     # -- setup --------------------------------------------------------------------------------
+
+    def device_batch(self, micro_batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``get_batch`` of the micro-batch, its label positions marked first (on the host,
+        so the mask costs no device sync) when the model computes logits only there."""
+        if self.label_positions:
+            micro_batch = keep_label_positions(micro_batch)
+        return self.get_batch(micro_batch)
 
     def _stage(self, stage: str, **kwargs: Any) -> Any:
         result = self.host.call_stage(stage, **kwargs)
@@ -149,6 +158,8 @@ class Trainer:
         self.get_batch = self._stage(
             "build_get_batch", config=cfg, runtime=self.runtime, dist=self.dist
         )
+        # The LM head runs on label positions only (training and evaluation alike).
+        self.label_positions = supports_label_positions(self.adapter, self.unwrapped_model)
         self.train_iters = int(
             self._stage(
                 "compute_train_iters", config=cfg, dataloaders=self.dataloaders, dist=self.dist
@@ -174,7 +185,7 @@ class Trainer:
             loss_fn=self.loss_fn,
             assets=self.assets,
             dataloaders=self.dataloaders,
-            get_batch=self.get_batch,
+            get_batch=self.device_batch,
             training_context=self.training_context,
             lockstep=self.lockstep,
         )
@@ -352,7 +363,7 @@ class Trainer:
         loss_parts: dict[str, torch.Tensor] = {}
         forward_kwargs = self.adapter.forward_kwargs()
         for i, (mb, weight) in enumerate(schedule):
-            model_inputs, loss_inputs = self.get_batch(mb)
+            model_inputs, loss_inputs = self.device_batch(mb)
             with self.strategy.no_sync(model, last_micro_step=i == len(schedule) - 1):
                 with self.training_context():
                     outputs = model(**model_inputs, **forward_kwargs)

@@ -65,12 +65,27 @@ class LossyExport(HFCausalLMAdapter):
         super().export_hf(sd, hf_config, out_dir, assets)
 
 
+class AllPositions(HFCausalLMAdapter):
+    """Declares logits at label positions only, but its model drops ``logits_to_keep``."""
+
+    def build_model(self, model_config: Any, **kwargs: Any) -> Any:
+        model = super().build_model(model_config, **kwargs)
+        forward = model.forward
+
+        def every_position(*args: Any, logits_to_keep: Any = 0, **kw: Any) -> Any:
+            return forward(*args, **kw)
+
+        model.forward = every_position
+        return model
+
+
 BROKEN = {
     "truncating": (Truncating, "transform"),
     "wrong_plan": (WrongPlan, "parallel_plan"),
     "keeps_cache": (KeepsCache, "packed_equals_padded"),
     "no_flops": (NoFlops, "flops"),
     "lossy_export": (LossyExport, "export_roundtrip"),
+    "all_positions": (AllPositions, "label_positions"),
 }
 
 

@@ -55,9 +55,13 @@ def test_gradient_accumulation_4x2_equals_one_batch_of_8(tmp_path: Path) -> None
     )
     assert len(accum.trainer.dataloaders.train.sampler.step_indices(0, 0)) == 8
     assert accum.losses == pytest.approx(single.losses, abs=1e-5)
+    norms = [[m["grad_norm"] for m in run.metrics] for run in (accum, single)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)
     wa, wb = final_weights(accum), final_weights(single)
+    # AdamW divides by sqrt(v): where a gradient is near zero, a 1e-7 difference in summation
+    # order (4 micro-batches' LM-head rows vs 1) moves that element by up to ~1% of a step.
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-4, rtol=0)
 
 
 def test_metrics_have_the_documented_keys(tmp_path: Path) -> None:
