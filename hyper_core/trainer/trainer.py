@@ -385,12 +385,15 @@ class Trainer:
             )
             del model_inputs, loss_inputs, outputs, loss  # release the device batch now
         norm = self._grad_norm()
-        grad_norm = None if norm is None else float(norm.item())
         # One collective: the loss summed over ranks (non-finite on every rank if it is on
-        # one) and how many ranks see a non-finite gradient norm.
-        norm_bad = grad_norm is not None and not math.isfinite(grad_norm)
-        reduced = torch.stack([loss_total, torch.full_like(loss_total, float(norm_bad))])
-        loss_value, bad_norms = dist.all_reduce_sum(reduced).tolist()
+        # one) and how many ranks see a non-finite gradient norm; then one host sync for it
+        # and the norm together (a GPU step waits on the host once here, not twice).
+        norm_bad = torch.zeros_like(loss_total) if norm is None else (~norm.isfinite()).double()
+        reduced = dist.all_reduce_sum(torch.stack([loss_total, norm_bad]))
+        if norm is not None:
+            reduced = torch.cat([reduced, norm.detach().double().reshape(1).to(reduced.device)])
+        loss_value, bad_norms, *norm_value = reduced.tolist()
+        grad_norm = norm_value[0] if norm_value else None
         self.state.global_step += 1
         if math.isfinite(loss_value) and not bad_norms:
             self._clip_gradients(norm)
