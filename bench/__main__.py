@@ -18,6 +18,7 @@ BENCHMARKS = (
     "vs_hf_trainer",
     "encoder_parallel",
     "load",
+    "loss",
 )
 
 

@@ -394,6 +394,16 @@ class TrainingConfig(_Section):
     activation_checkpointing: bool = attrs.field(
         default=False, metadata=meta("Recompute activations in backward.")
     )
+    loss_chunk_tokens: int | None = attrs.field(
+        default=4096,
+        validator=at_least(1),
+        metadata=meta(
+            "Above this many label tokens in a micro-batch, the LM head and cross-entropy run "
+            "in chunks of this many rows, gradients computed chunk by chunk (at most "
+            "`chunk × vocab` logits at a time; same loss). Unset: never chunk. Applies to the "
+            "default loss with adapters that compute logits at label positions only."
+        ),
+    )
     eval_every_steps: int | None = attrs.field(
         default=None,
         validator=at_least(1),

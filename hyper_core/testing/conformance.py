@@ -303,30 +303,46 @@ def check_packed_equals_padded(t: AdapterUnderTest) -> str:
 
 def check_label_positions(t: AdapterUnderTest) -> str:
     """Logits at the label positions only (``logits_to_keep``, what training does when the
-    adapter sets ``logits_at_labels_only``): the same loss and gradients as logits everywhere
+    adapter sets ``logits_at_labels_only``), and the chunked cross-entropy on them (LM head
+    per chunk, recomputed in backward): the same loss and gradients as logits everywhere
     (1e-5), packed and padded."""
+    from ..training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
     from ..training.label_positions import keep_label_positions, supports_label_positions
 
     model = t.build_model()
     if not supports_label_positions(t.adapter, model):
         return "not declared (logits at every position)"
+    kwargs = t.adapter.forward_kwargs()
+
+    def chunked(mb: Any) -> Any:
+        with lm_head_returns_hidden(model) as head:
+            hidden = model(**mb.model_inputs, **kwargs).logits
+        labels = mb.loss_inputs["labels"]
+        return chunked_causal_lm_loss(hidden, head, labels, float(mb.num_loss_tokens), 5)
+
     worst = 0.0
     for kind in ("packed", "padded"):
         mb = t.micro_batch(kind)
+        only = keep_label_positions(mb)
         results = {}
-        for name, batch in (("all", mb), ("labels", keep_label_positions(mb))):
+        for name in ("every position", "label positions", "chunked"):
             model.zero_grad(set_to_none=True)
-            loss = t.loss(model, batch)
+            if name == "chunked":
+                loss = chunked(only)
+            else:
+                loss = t.loss(model, mb if name == "every position" else only)
             loss.backward()
             grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             results[name] = (loss.item(), grads)
-        (full, fg), (only, lg) = results["all"], results["labels"]
-        assert abs(full - only) <= ATOL, f"{kind}: loss {only:.7f} vs {full:.7f} at every position"
-        assert fg.keys() == lg.keys(), f"{kind}: different parameters get gradients"
-        for n in fg:
-            diff = (fg[n] - lg[n]).abs().max().item()
-            worst = max(worst, diff)
-            assert diff <= ATOL + 1e-4 * fg[n].abs().max().item(), f"{kind}: gradient of {n}"
+        full, fg = results.pop("every position")
+        for name, (value, grads) in results.items():
+            assert abs(full - value) <= ATOL, f"{kind}, {name}: loss {value:.7f} vs {full:.7f}"
+            assert fg.keys() == grads.keys(), f"{kind}, {name}: other parameters get gradients"
+            for n in fg:
+                diff = (fg[n] - grads[n]).abs().max().item()
+                worst = max(worst, diff)
+                bound = ATOL + 1e-4 * fg[n].abs().max().item()
+                assert diff <= bound, f"{kind}, {name}: gradient of {n} differs by {diff:.1e}"
     return f"max |Δgrad| {worst:.1e}"
 
 

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
+from ..training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
 from ..training.label_positions import keep_label_positions, supports_label_positions
 from ..training.lockstep import Lockstep
+from ..training.loss import causal_lm_loss
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .state import TrainState
 
@@ -64,6 +66,7 @@ class Trainer:
         self.dataloaders: Any = None
         self.get_batch: Any = None
         self.label_positions = False
+        self.loss_chunk_tokens: int | None = None
         self.train_iters: int = 0
         self.optimizer: Any = None
         self.lr_scheduler: Any = None
@@ -158,8 +161,14 @@ class Trainer:
         self.get_batch = self._stage(
             "build_get_batch", config=cfg, runtime=self.runtime, dist=self.dist
         )
-        # The LM head runs on label positions only (training and evaluation alike).
+        # The LM head runs on label positions only (training and evaluation alike)...
         self.label_positions = supports_label_positions(self.adapter, self.unwrapped_model)
+        # ...and in recomputed chunks when there are many (training, the default loss only).
+        self.loss_chunk_tokens = (
+            cfg.training.loss_chunk_tokens
+            if self.label_positions and self.loss_fn is causal_lm_loss
+            else None
+        )
         self.train_iters = int(
             self._stage(
                 "compute_train_iters", config=cfg, dataloaders=self.dataloaders, dist=self.dist
@@ -363,11 +372,8 @@ class Trainer:
         loss_parts: dict[str, torch.Tensor] = {}
         forward_kwargs = self.adapter.forward_kwargs()
         for i, (mb, weight) in enumerate(schedule):
-            model_inputs, loss_inputs = self.device_batch(mb)
             with self.strategy.no_sync(model, last_micro_step=i == len(schedule) - 1):
-                with self.training_context():
-                    outputs = model(**model_inputs, **forward_kwargs)
-                loss, parts = self.loss_fn(outputs, loss_inputs, global_loss_tokens)
+                loss, parts = self._forward_loss(mb, forward_kwargs, global_loss_tokens)
                 if weight != 1.0:
                     loss = loss * weight
                 (loss * grad_scale).backward()
@@ -383,7 +389,7 @@ class Trainer:
                 micro_step=i,
                 loss=loss.detach(),
             )
-            del model_inputs, loss_inputs, outputs, loss  # release the device batch now
+            del loss
         norm = self._grad_norm()
         # One collective: the loss summed over ranks (non-finite on every rank if it is on
         # one) and how many ranks see a non-finite gradient norm; then one host sync for it
@@ -416,6 +422,25 @@ class Trainer:
         }
         loss_dict = {k: float(v) for k, v in loss_parts.items()}
         return loss_value, loss_dict, grad_norm, stats
+
+    def _forward_loss(
+        self, mb: Any, forward_kwargs: dict[str, Any], global_loss_tokens: float
+    ) -> tuple[Any, dict[str, Any]]:
+        """One micro-batch's forward and loss (``loss_fn``, or the chunked cross-entropy when
+        its label tokens exceed ``[training] loss_chunk_tokens``); the device batch is
+        released on return."""
+        model_inputs, loss_inputs = self.device_batch(mb)
+        chunk = self.loss_chunk_tokens
+        if chunk is None or mb.num_loss_tokens <= chunk:
+            with self.training_context():
+                outputs = self.model(**model_inputs, **forward_kwargs)
+            return self.loss_fn(outputs, loss_inputs, global_loss_tokens)
+        with self.training_context(), lm_head_returns_hidden(self.unwrapped_model) as head:
+            hidden = self.model(**model_inputs, **forward_kwargs).logits
+        loss = chunked_causal_lm_loss(
+            hidden, head, loss_inputs["labels"], global_loss_tokens, chunk, self.training_context
+        )
+        return loss, {}
 
     def _skip_update(self, loss: float, grad_norm: float | None) -> None:
         """A bad step: no optimizer update; the schedule still advances (see train_step)."""
