@@ -19,6 +19,7 @@ BENCHMARKS = (
     "encoder_parallel",
     "load",
     "loss",
+    "data",
 )
 
 
