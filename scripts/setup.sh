@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # torch first, pinned: a range would pull a multi-GB CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0"
-pkgs=(-e ".[dev,plot]")
+pkgs=(-e ".[dev,plot,parquet]")
 for d in adapters/* plugins/*; do
   [ -f "$d/pyproject.toml" ] && pkgs+=(-e "$d")
 done

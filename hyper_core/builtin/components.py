@@ -30,6 +30,8 @@ def register_parallel_strategies(register: Any) -> None:
 
 @hookimpl
 def register_dataset_formats(register: Any) -> None:
-    """``jsonl`` conversations and the synthetic ``shapes`` demo set."""
+    """``jsonl``, ``parquet`` and ``hf`` conversations and the synthetic ``shapes`` demo set."""
     register("jsonl", "hyper_core.data.jsonl:load_jsonl_format")
+    register("parquet", "hyper_core.data.parquet:load_parquet_format")
+    register("hf", "hyper_core.data.parquet:load_hf_format")
     register("shapes", "hyper_core.data.shapes:load_shapes_format")

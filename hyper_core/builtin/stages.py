@@ -107,23 +107,41 @@ def _image_dir(value: str, base_dir: Path, where: str) -> Path:
     return path
 
 
-def _load_source(source: Any, config: Any, registries: Any, key: str) -> Sequence[dict[str, Any]]:
-    """The source's raw samples; with ``image_dir`` (or ``[data] image_root``) each sample's
-    ``_image_dir`` says where its relative image paths resolve. A format that declares an
-    ``options`` class gets its options as an instance of it."""
+def _load_source(sources: Any, config: Any, registries: Any, key: str) -> Sequence[dict[str, Any]]:
+    """The raw samples of ``[data] KEY``: each source's files (globs expanded) in order, mixed
+    by their weights (:mod:`hyper_core.data.sources`)."""
+    from ..config.schema import source_list
+    from ..data.sources import expand_path, mix
+
+    base_dir = Path(config.source_path).parent if config.source_path else Path.cwd()
+    parts: list[Sequence[dict[str, Any]]] = []
+    weights: list[float] = []
+    for where, source in source_list(sources, f"$.data.{key}"):
+        paths = [source.path] if source.path is None else expand_path(source.path, base_dir, where)
+        for path in paths:
+            parts.append(_load_file(source, path, config, registries, where, base_dir))
+            weights.append(source.weight)
+    return mix(parts, weights, config.run.seed)
+
+
+def _load_file(
+    source: Any, path: str | None, config: Any, registries: Any, where: str, base_dir: Path
+) -> Sequence[dict[str, Any]]:
+    """The raw samples of one file of a source; with ``image_dir`` (or ``[data] image_root``)
+    each sample's ``_image_dir`` says where its relative image paths resolve. A format that
+    declares an ``options`` class gets its options as an instance of it."""
     from ..config.loader import format_options
     from ..data.jsonl import IMAGE_DIR_KEY, WithImageDir
     from .resolve import named
 
-    fmt = named(f"$.data.{key}.format", registries.dataset_formats, source.format)
-    base_dir = Path(config.source_path).parent if config.source_path else Path.cwd()
+    fmt = named(f"{where}.format", registries.dataset_formats, source.format)
     image_dir = None
     if source.image_dir is not None:
-        image_dir = _image_dir(source.image_dir, base_dir, f"$.data.{key}.image_dir")
+        image_dir = _image_dir(source.image_dir, base_dir, f"{where}.image_dir")
     elif config.data.image_root is not None:
         image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
-    options = format_options(fmt, source.options, f"$.data.{key}")
-    samples = fmt(source.path, options, base_dir)
+    options = format_options(fmt, source.options, where)
+    samples = fmt(path, options, base_dir)
     if not isinstance(samples, Sequence):
         samples = list(samples)
     if image_dir is None:

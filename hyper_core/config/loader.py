@@ -23,7 +23,7 @@ from hyper_core.config.converter import (
     toml_fields,
     unknown_key_message,
 )
-from hyper_core.config.schema import CORE_SECTIONS, Config, SectionSpec
+from hyper_core.config.schema import CORE_SECTIONS, Config, SectionSpec, source_list
 from hyper_core.errors import ConfigError, PluginError
 from hyper_core.known_plugins import known_distributions
 from hyper_core.registry import Registry
@@ -235,15 +235,16 @@ def _check_format_options(
     """
     formats = formats if formats is not None else _core_formats()
     for key in ("train", "eval"):
-        source = getattr(config.data, key)
-        if source is None or source.format not in formats:
-            continue
-        try:
-            fmt = formats.get(source.format)
-        except (ImportError, AttributeError, PluginError):
-            continue  # a format that does not import is reported by the run, which needs it
-        check = functools.partial(format_options, fmt, source.options, f"$.data.{key}")
-        problems.structure_with(check, source.options)
+        sources = getattr(config.data, key)
+        for where, source in source_list(sources, f"$.data.{key}") if sources else ():
+            if source.format not in formats:
+                continue
+            try:
+                fmt = formats.get(source.format)
+            except (ImportError, AttributeError, PluginError):
+                continue  # a format that does not import is reported by the run, which needs it
+            check = functools.partial(format_options, fmt, source.options, where)
+            problems.structure_with(check, source.options)
 
 
 def _core_formats() -> Registry[Any]:

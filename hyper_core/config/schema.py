@@ -225,7 +225,8 @@ class DataSource:
     """A dataset: a registered ``format``, an optional ``path`` and format-specific options.
 
     In TOML, either a path string (format inferred from the extension) or a table
-    ``{ format = "shapes", path = "...", image_dir = "...", ...options }``.
+    ``{ format = "shapes", path = "...", image_dir = "...", weight = 1.0, ...options }``
+    (``format`` may be left out when the path's extension implies it).
     """
 
     format: str = attrs.field(
@@ -244,6 +245,15 @@ class DataSource:
             "the config file; wins over `[data] image_root`."
         ),
     )
+    weight: float = attrs.field(
+        default=1.0,
+        validator=greater_than(0.0),
+        metadata=meta(
+            "Mixing weight: each sample of this source appears `weight` times per epoch; the "
+            "fractional part is a subset seeded by `[run] seed` (e.g. 0.5: half of the samples, "
+            "the same half every epoch)."
+        ),
+    )
     options: dict[str, Any] = attrs.field(
         factory=dict, metadata=meta("The table's other keys, passed to the format.")
     )
@@ -255,6 +265,7 @@ class DataSource:
             self.path is not None
             and not self.options
             and self.image_dir is None
+            and self.weight == 1.0
             and infer_format(self.path) == self.format
         )
 
@@ -272,8 +283,12 @@ def _structure_data_source(value: Any, _: Any) -> DataSource:
         return DataSource(format=fmt, path=value)
     if not isinstance(value, dict):
         raise Invalid(f"expected a path string or a table, got {describe(value)}")
-    fields = ("format", "path", "image_dir")
+    fields = ("format", "path", "image_dir", "weight")
     raw = {k: value[k] for k in fields if k in value}
+    if "format" not in raw and isinstance(raw.get("path"), str):
+        fmt = infer_format(raw["path"])
+        if fmt is not None:  # { path = "a.jsonl", weight = 2 }
+            raw["format"] = fmt
     raw["options"] = {k: v for k, v in value.items() if k not in fields}
     return converter.structure_table(raw, DataSource)
 
@@ -286,24 +301,55 @@ def _unstructure_data_source(source: DataSource) -> str | dict[str, Any]:
         table["path"] = source.path
     if source.image_dir is not None:
         table["image_dir"] = source.image_dir
+    if source.weight != 1.0:
+        table["weight"] = source.weight
     return table | converter.unstructure(source.options)
 
 
 converter.register_structure_hook(DataSource, _structure_data_source)
 converter.register_unstructure_hook(DataSource, _unstructure_data_source)
 
+#: ``[data] train``/``eval``: one source, or a list of sources read one after the other.
+DataSources = DataSource | list[DataSource]
+
+
+def _structure_data_sources(value: Any, _: Any) -> DataSource | list[DataSource] | None:
+    if value is None:  # only from a default (TOML has no null)
+        return None
+    if isinstance(value, list):
+        if not value:
+            raise Invalid("must not be an empty array")
+        return converter.structure(value, list[DataSource])
+    return converter.structure(value, DataSource)
+
+
+converter.register_structure_hook_func(
+    lambda cl: cl in (DataSources, DataSources | None), _structure_data_sources
+)
+
+
+def source_list(sources: DataSources, where: str) -> list[tuple[str, DataSource]]:
+    """``(config path, source)`` of each source: ``$.data.train`` for a single source,
+    ``$.data.train[i]`` for each element of a list."""
+    if isinstance(sources, DataSource):
+        return [(where, sources)]
+    return [(f"{where}[{i}]", source) for i, source in enumerate(sources)]
+
 
 @attrs.define(frozen=True, kw_only=True)
 class DataConfig(_Section):
     """``[data]``: training and evaluation data and how samples become batches."""
 
-    train: DataSource = attrs.field(
+    train: DataSources = attrs.field(
         metadata=meta(
-            "Training data: a `.jsonl`/`.json` path (JSON lines, or a JSON array in `.json`) "
-            "or a `{ format = ... }` table."
+            "Training data: a `.jsonl`/`.json` path (JSON lines, or a JSON array in `.json`), "
+            "a `{ format = ... }` table, or an array of these, read one after the other. A "
+            "path may be a glob (`b/*.jsonl`, its files in sorted order). A table's `weight` "
+            "(default 1) is how many times each of its samples appears per epoch; a "
+            "fractional part takes a subset seeded by `[run] seed`."
         )
     )
-    eval: DataSource | None = attrs.field(
+    eval: DataSources | None = attrs.field(
         default=None, metadata=meta("Held-out data, same forms as `train`.")
     )
     image_root: str | None = attrs.field(

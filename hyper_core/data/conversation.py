@@ -13,11 +13,14 @@ Accepted raw samples (``sample`` is one JSON object):
 
 Relative image paths are resolved against the sample's ``_image_dir`` (set from ``[data]
 image_root`` or a source's ``image_dir``), else the directory of its data file
-(``_source.file``). Images are opened lazily by :func:`load_image`, regular files only.
+(``_source.file``). Images are opened lazily by :func:`load_image`, regular files only; an
+image may also come inline as ``{"bytes": ..., "path": ...}`` (Hugging Face ``datasets``' Image
+struct, e.g. from Parquet), ``path`` then only naming it.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -52,13 +55,17 @@ class TextPart:
 
 @attrs.frozen(eq=False)
 class ImagePart:
-    """An image inside a message: a file (opened lazily) or an in-memory PIL image."""
+    """An image inside a message: a file (opened lazily), encoded bytes inline (``path`` then
+    only names it) or an in-memory PIL image."""
 
     path: Path | None = None
     image: Image.Image | None = None
+    data: bytes | None = None
 
     def describe(self) -> str:
-        """The path, or ``<in-memory image>``."""
+        """The path (``inline`` when the bytes came with the sample), or ``<in-memory image>``."""
+        if self.data is not None:
+            return f"{self.path} (inline)" if self.path is not None else "<inline image>"
         return str(self.path) if self.path is not None else "<in-memory image>"
 
 
@@ -148,6 +155,11 @@ def _base_dir(sample: Mapping[str, Any], base_dir: str | Path | None) -> Path | 
 def _image_part(value: Any, base: Path | None, where: str) -> ImagePart:
     if _is_pil(value):
         return ImagePart(image=value)
+    if isinstance(value, Mapping) and value.get("bytes") is not None:  # HF datasets' Image
+        data, name = value["bytes"], value.get("path")
+        if not isinstance(data, bytes):
+            raise SampleError("bad_format", f"{where}: image bytes must be bytes, got {data!r}")
+        return ImagePart(path=Path(name) if isinstance(name, str) and name else None, data=data)
     if isinstance(value, Mapping) and "path" in value:
         value = value["path"]
     if isinstance(value, str) and value.startswith("file://"):
@@ -274,7 +286,7 @@ def parse_conversation(
         messages.append((role, _content_parts(content, base, f"{where}.content")))
 
     images = sample.get("images")
-    if images is None and "image" in sample:
+    if images is None and sample.get("image") is not None:  # a null column: no image
         image = sample["image"]
         images = image if isinstance(image, list) else [image]
     if images is None:
@@ -299,26 +311,30 @@ def parse_conversation(
 
 def load_image(part: ImagePart) -> Image.Image:
     """The image of ``part`` as RGB; :class:`SampleError` ``missing_image``/``corrupt_image``."""
-    from PIL import Image, UnidentifiedImageError
-
     if part.image is not None:
         img = part.image
-    else:
-        if part.path is None:
-            raise SampleError("missing_image", "image part has neither a path nor an image")
-        _check_regular_file(part.path)
-        try:
-            with Image.open(part.path) as opened:
-                opened.load()
-                img = opened.copy() if opened.mode == "RGB" else opened.convert("RGB")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise SampleError("missing_image", f"image not found: {part.path}") from None
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise SampleError("corrupt_image", f"cannot read image {part.path}: {exc}") from None
-        except Image.DecompressionBombError as exc:
-            raise SampleError("corrupt_image", f"image too large {part.path}: {exc}") from None
-        return img
-    return img if img.mode == "RGB" else img.convert("RGB")
+        return img if img.mode == "RGB" else img.convert("RGB")
+    if part.data is not None:
+        return _open_rgb(io.BytesIO(part.data), part.describe())
+    if part.path is None:
+        raise SampleError("missing_image", "image part has neither a path nor an image")
+    _check_regular_file(part.path)
+    return _open_rgb(part.path, str(part.path))
+
+
+def _open_rgb(source: Path | io.BytesIO, name: str) -> Image.Image:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(source) as opened:
+            opened.load()
+            return opened.copy() if opened.mode == "RGB" else opened.convert("RGB")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise SampleError("missing_image", f"image not found: {name}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise SampleError("corrupt_image", f"cannot read image {name}: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        raise SampleError("corrupt_image", f"image too large {name}: {exc}") from None
 
 
 def _check_regular_file(path: Path) -> None:

@@ -77,5 +77,5 @@ def test_built_in_formats_are_checked_without_a_plugin_host(tmp_path: Path) -> N
 
 
 def test_an_unknown_format_is_left_to_the_run(tmp_path: Path) -> None:
-    config = load_config_dict(config_with(tmp_path, {"format": "parquet", "path": "x", "n": 1}))
+    config = load_config_dict(config_with(tmp_path, {"format": "arrow_x", "path": "x", "n": 1}))
     assert config.data.train.options == {"n": 1}

@@ -163,9 +163,12 @@ def test_toml_block_is_a_valid_config(block: Block, host: Any) -> None:
     if config.data.batching is not None:
         reg.batching_runtimes.entry(config.data.batching)
     reg.parallel_strategies.entry(config.parallel.strategy)
-    for source in (config.data.train, config.data.eval):
-        if source is not None:
-            reg.dataset_formats.entry(source.format)
+    from hyper_core.config.schema import source_list
+
+    for sources in (config.data.train, config.data.eval):
+        if sources is not None:
+            for _, source in source_list(sources, "$"):
+                reg.dataset_formats.entry(source.format)
     check_required_plugins(host, config.run.plugins)
     for section in snippet:  # plugin sections were really validated, not dropped
         assert config.section(section) is not None, section
