@@ -62,13 +62,18 @@ def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
 
 @default
 def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
-    """Activation checkpointing per sharding unit, then the strategy; with
+    """Activation checkpointing and ``[training] compile`` per sharding unit, then the
+    strategy; with
     ``dist.sharded_load`` each rank then reads its shards from ``[model] path``."""
     plan = adapter.parallel_plan(model)
     if config.training.activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, plan)
+    if config.training.compile:
+        from ..parallel.compile import apply_regional_compile
+
+        apply_regional_compile(model, plan)
     if not dist.sharded_load:
         return strategy.apply(model, plan, dist)
     from ..parallel.hf_load import load_hf_shards

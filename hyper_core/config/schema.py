@@ -440,6 +440,15 @@ class TrainingConfig(_Section):
     activation_checkpointing: bool = attrs.field(
         default=False, metadata=meta("Recompute activations in backward.")
     )
+    compile: bool = attrs.field(
+        default=False,
+        metadata=meta(
+            "Compile each decoder layer and vision block with `torch.compile` (dynamic "
+            "shapes). Costs a compile at the first steps; the run's end logs the graph and "
+            "recompile counts. On CPU measured 24% faster per step on the tiny text model after "
+            "~30 s of compiling; made for GPUs."
+        ),
+    )
     loss_chunk_tokens: int | None = attrs.field(
         default=4096,
         validator=at_least(1),

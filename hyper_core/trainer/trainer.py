@@ -317,6 +317,15 @@ class Trainer:
             from ..export import export_trained_model
 
             export_trained_model(self, Path(cfg.run.output_dir) / "hf")
+        if cfg.training.compile and self.dist.is_main:
+            from ..parallel.compile import compile_counts
+
+            counts = compile_counts()
+            log.info(
+                "torch.compile: %d graph(s), %d recompile(s)",
+                counts["graphs"],
+                counts["recompiles"],
+            )
         self.host.fire("on_train_end", trainer=self, state=self.state)
         return self.state
 
