@@ -335,13 +335,17 @@ class HFModelAdapter(ModelAdapter):
         return inputs
 
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
-        """6·N·tokens for the language model (N without embeddings) plus attention; the
-        vision tower's 6·N_vision·patches when it has one."""
+        """6·N·tokens for the language model (N without embedding tables, with the LM head's
+        matmul also when it is tied to one) plus attention; the vision tower's
+        6·N_vision·patches when it has one."""
         vision_params = 0
         if self.vision_module is not None:
             vision = model.get_submodule(self.vision_module)
             vision_params = count_params(vision, exclude_embeddings=False)
         text_params = count_params(model) - vision_params
+        head = model.get_output_embeddings()
+        if head is not None and head.weight is model.get_input_embeddings().weight:
+            text_params += head.weight.numel()  # tied: excluded with the table, still a matmul
         tokens = micro_batch.num_tokens
         text = 6.0 * text_params * tokens + self._attention_flops(model, micro_batch)
         patches = 0

@@ -440,6 +440,13 @@ class TrainingConfig(_Section):
     activation_checkpointing: bool = attrs.field(
         default=False, metadata=meta("Recompute activations in backward.")
     )
+    tf32: bool = attrs.field(
+        default=True,
+        metadata=meta(
+            "On CUDA, let fp32 matmuls use TF32 tensor cores (10-bit mantissa inputs, fp32 "
+            "accumulation); MFU then uses the TF32 peak. No effect on CPU or bf16 compute."
+        ),
+    )
     compile: bool = attrs.field(
         default=False,
         metadata=meta(

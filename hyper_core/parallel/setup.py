@@ -24,6 +24,14 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def use_tf32(enabled: bool) -> None:
+    """Let fp32 matmuls and convolutions on CUDA use TF32 tensor cores (``[training] tf32``)."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
 def init_distributed(config: Any) -> DistEnv:
     """Join the torchrun job (if any) and build the ``dp_replicate × dp_shard`` mesh."""
     import torch
@@ -36,6 +44,7 @@ def init_distributed(config: Any) -> DistEnv:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
+            use_tf32(config.training.tf32)
         return DistEnv(device=device)
     rank, local_rank, world = env["rank"], env["local_rank"], env["world_size"]
     par = config.parallel
@@ -43,6 +52,7 @@ def init_distributed(config: Any) -> DistEnv:
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        use_tf32(config.training.tf32)
     if not dist.is_initialized():
         # NCCL jobs also get a gloo backend for CPU tensors (DCP's async save needs one).
         dist.init_process_group(

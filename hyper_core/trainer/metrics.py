@@ -19,28 +19,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hyper_train")
 
-#: Dense bf16 peak FLOP/s by device name fragment, for MFU.
-PEAK_FLOPS: dict[str, float] = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 125e12,
-}
-
-
-def device_peak_flops(device: Any) -> float | None:
-    """The bf16 dense peak of a CUDA device, when known."""
-    if device is None or getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
-
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_FLOPS.items():
-        if key in name:
-            return peak
-    return None
-
 
 def memory_metrics(device: Any) -> dict[str, float]:
     """Device memory (CUDA) or the process's peak RSS (CPU), in MiB."""
@@ -58,7 +36,9 @@ def memory_metrics(device: Any) -> dict[str, float]:
 class StepTimer:
     """Accumulates step statistics between two log lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, peak_flops: float | None = None) -> None:
+        #: The device's peak FLOP/s in the run's compute dtype (MFU), when known.
+        self.peak_flops = peak_flops
         self._reset()
 
     def _reset(self) -> None:
@@ -100,9 +80,8 @@ class StepTimer:
             "step_time_s": elapsed / max(self.steps, 1),
             "data_wait_frac": self.wait / elapsed,
         }
-        peak = device_peak_flops(dist.device)
-        if peak and flops:
-            out["mfu"] = flops / elapsed / (peak * dist.world_size)
+        if self.peak_flops and flops:
+            out["mfu"] = flops / elapsed / (self.peak_flops * dist.world_size)
         out.update(memory_metrics(dist.device))
         self._reset()
         return out

@@ -27,6 +27,7 @@ from ..training.label_positions import keep_label_positions, supports_label_posi
 from ..training.lockstep import Lockstep
 from ..training.loss import causal_lm_loss
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
+from .peak_flops import compute_dtype, device_peak_flops
 from .state import TrainState
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ class Trainer:
         loader = self.dataloaders.train
         data: Iterator[Any] = iter(loader)
         epoch_started: int | None = None
-        timer = StepTimer()
+        timer = StepTimer(device_peak_flops(self.dist.device, compute_dtype(cfg)))
         stop = False
         while self.state.global_step < self.train_iters and not stop:
             timer.start_wait()
