@@ -278,3 +278,27 @@ def test_tie_word_embeddings_from_text_config(adapter: KimiK25Adapter, tmp_path:
     model = adapter.build_model(model_config(path=str(tmp_path)), device="meta")
     assert model.config.tie_word_embeddings is False
     assert model.lm_head.weight is not model.model.language_model.embed_tokens.weight
+
+
+def test_router_stats_count_a_checkpointed_forward_once_without_bincount(
+    adapter: KimiK25Adapter,
+    assets: ModelAssets,
+    samples: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Activation checkpointing recomputes the forward in backward: counted once. And no
+    ``bincount`` (its output size makes a CUDA step wait on the host)."""
+    from hyper_kimi_k26.moe import RouterStats
+
+    def no_bincount(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("bincount syncs on CUDA")
+
+    monkeypatch.setattr(torch, "bincount", no_bincount)
+    torch.manual_seed(0)
+    model = adapter.build_model(model_config())
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    mb = micro_batch(features(adapter, assets, samples), "packed")
+    stats = RouterStats(model)
+    model.train()
+    loss_of(model, mb).backward()
+    assert float(stats._counts[0].sum()) == mb.num_tokens * 2

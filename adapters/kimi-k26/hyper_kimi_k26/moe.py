@@ -17,7 +17,8 @@ resets them and returns, over the logged steps:
 
 Only forwards in training mode are counted (evaluation is not); padding tokens of the
 ``padded`` runtime are routed too and therefore counted. With activation checkpointing the
-recomputed forward counts twice, which leaves every ratio above unchanged.
+forward recomputed in backward is not counted again. Counting uses ``index_add_``, which does
+not make a CUDA step wait on the host (``bincount`` would).
 
 A Kimi run owns one :class:`RouterStatsRun` (the plugin's ``build_callbacks``), which hooks the
 routers when training begins, logs with every logged step and removes the hooks at the end.
@@ -31,6 +32,13 @@ from hyper_core import hookimpl
 
 if TYPE_CHECKING:
     import torch
+
+
+def in_backward() -> bool:
+    """Whether autograd's engine is running this code (a checkpointed forward's recompute)."""
+    import torch
+
+    return torch._C._current_graph_task_id() != -1
 
 
 def router_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -60,11 +68,14 @@ class RouterStats:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             import torch
 
-            if not module.training:
-                return
+            if not module.training or in_backward():
+                return  # evaluation, or activation checkpointing's recompute of the forward
             router_logits, _, topk_indices = output
             with torch.no_grad():
-                counts = torch.bincount(topk_indices.flatten(), minlength=self.num_experts)
+                # index_add_ rather than bincount, whose output size makes CUDA sync
+                flat = topk_indices.flatten()
+                counts = torch.zeros(self.num_experts, dtype=torch.float64, device=flat.device)
+                counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
                 scores = router_logits.detach().float().sigmoid()
                 scores = scores / scores.sum(dim=-1, keepdim=True).clamp_min(1e-20)
                 score_sum = scores.sum(dim=0)
@@ -72,7 +83,7 @@ class RouterStats:
                     self._counts[index] += counts
                     self._scores[index] += score_sum
                 else:
-                    self._counts[index] = counts.to(torch.float64)
+                    self._counts[index] = counts
                     self._scores[index] = score_sum.to(torch.float64)
 
         return hook
