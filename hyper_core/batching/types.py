@@ -58,6 +58,20 @@ class MicroBatch:
     sample_lengths: list[int] = attrs.field(factory=list)
     meta: list[dict[str, Any]] = attrs.field(factory=list)
 
+    def pin_memory(self) -> MicroBatch:
+        """This micro-batch with its tensors in page-locked memory (called by the
+        DataLoader's pinning thread for a CUDA run without workers)."""
+        import torch
+
+        def pinned(values: dict[str, Any]) -> dict[str, Any]:
+            return {
+                k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in values.items()
+            }
+
+        return attrs.evolve(
+            self, model_inputs=pinned(self.model_inputs), loss_inputs=pinned(self.loss_inputs)
+        )
+
     @property
     def padding_ratio(self) -> float:
         """Fraction of the model's input positions that are padding."""

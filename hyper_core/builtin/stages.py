@@ -201,7 +201,13 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
             shuffle=shuffle,
             seed=config.run.seed,
         )
-        return StepLoader(dataset, collate_fn, sampler, num_workers=data.num_workers)
+        return StepLoader(
+            dataset,
+            collate_fn,
+            sampler,
+            num_workers=data.num_workers,
+            pin_memory=dist.device is not None and dist.device.type == "cuda",
+        )
 
     train = loader(datasets.train, data.shuffle)
     evaluation = loader(datasets.eval, False) if datasets.eval is not None else None

@@ -213,6 +213,11 @@ class _PackedStep:
             buffer[offset : offset + flat.numel()].copy_(flat)
         return cls(buffer, layout, stripped)
 
+    def pin_memory(self) -> _PackedStep:
+        """The step in page-locked memory (one copy of the buffer), so that its move to the
+        GPU can overlap compute; called by the DataLoader's pinning thread."""
+        return attrs.evolve(self, buffer=self.buffer.pin_memory())
+
     def unpack(self) -> list[MicroBatch]:
         """The micro-batches with their tensors back, as views of the buffer."""
         out = []
@@ -300,6 +305,7 @@ class StepLoader:
         persistent_workers: bool = False,
         multiprocessing_context: Any = None,
         timeout: float = 0,
+        pin_memory: bool = False,
     ) -> None:
         self.dataset = dataset
         self.collate = collate
@@ -309,6 +315,8 @@ class StepLoader:
         self.persistent_workers = persistent_workers and num_workers > 0
         self.multiprocessing_context = multiprocessing_context or _default_context(num_workers)
         self.timeout = timeout
+        #: Steps arrive in page-locked memory (a CUDA run: ``non_blocking`` copies overlap).
+        self.pin_memory = pin_memory
         self._epoch = 0
         self._step = 0
         self._generation = 0
@@ -372,6 +380,7 @@ class StepLoader:
             batch_sampler=batch_sampler,
             collate_fn=_StepCollate(self.collate),
             num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
             # A private generator: creating an iterator must not consume the global torch RNG.
             generator=torch.Generator().manual_seed(self.sampler.seed),
             **kwargs,
