@@ -561,6 +561,13 @@ class CheckpointConfig(_Section):
         validator=not_empty,
         metadata=meta("`auto` (latest in output_dir), `none`, or a checkpoint path."),
     )
+    save_final: bool = attrs.field(
+        default=True,
+        metadata=meta(
+            "Save when training reaches its last step. `false` (benchmarks) saves only every "
+            "`every_steps`; a run stopped by a signal still saves."
+        ),
+    )
     export_hf: bool = attrs.field(
         default=False, metadata=meta("Also export HF safetensors to `output_dir/hf`.")
     )

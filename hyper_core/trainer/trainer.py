@@ -308,7 +308,9 @@ class Trainer:
                 and not last
             ):
                 self.evaluate()
-            self.checkpointer.maybe_save(self, final=last)
+            # A stop (signal, plugin) always saves; the normal end unless save_final = false.
+            final = stop or (last and cfg.checkpoint.save_final)
+            self.checkpointer.maybe_save(self, final=final)
         if epoch_started is not None and loader_epoch_done(loader):
             self.host.fire("on_epoch_end", trainer=self, state=self.state, epoch=epoch_started)
         if self.dataloaders.eval is not None and not stop:
