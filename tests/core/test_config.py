@@ -579,6 +579,7 @@ def test_dump_fills_defaults_and_spells_keys() -> None:
     assert data["checkpoint"] == {
         "keep_last": 3,
         "resume": "auto",
+        "save_final": True,
         "export_hf": False,
         "async": False,
     }
