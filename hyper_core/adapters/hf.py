@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..attention import VARLEN, drop_varlen_kwargs, uses_varlen_kwargs
+from ..attention import (
+    FLASH_VARLEN,
+    OWN_IMPLEMENTATIONS,
+    VARLEN,
+    drop_varlen_kwargs,
+    uses_varlen_kwargs,
+)
 from ..attention import register as register_attention
 from ..errors import ConfigError, UserError
 from ..registry import import_ref
@@ -166,9 +172,12 @@ class HFModelAdapter(ModelAdapter):
             cfg = self._named_config(kwargs)
         if model_config.path is not None:
             apply_overrides(cfg, model_config.hf_overrides)
-        if model_config.attn_implementation == VARLEN:
+        if model_config.attn_implementation in OWN_IMPLEMENTATIONS:
             register_attention()
-        cfg._attn_implementation = model_config.attn_implementation
+        # A name with "flash" in it makes transformers look for a flash-attn package when the
+        # model is built: build with ``varlen`` (the same math), switch in build_model.
+        attn = model_config.attn_implementation
+        cfg._attn_implementation = VARLEN if attn == FLASH_VARLEN else attn
         return cfg
 
     def _named_config(self, kwargs: Mapping[str, Any]) -> Any:
@@ -223,6 +232,8 @@ class HFModelAdapter(ModelAdapter):
         from .patch_conv import use_patchwise_convs
 
         use_patchwise_convs(model)
+        if model_config.attn_implementation == FLASH_VARLEN:
+            model.config._attn_implementation = FLASH_VARLEN  # sub-configs follow
         return model
 
     def _keep_varlen_kwargs_from_vision(self, model: torch.nn.Module) -> None:

@@ -1,7 +1,8 @@
 """Attention implementations hyper-train registers with ``transformers``.
 
-``varlen`` (:mod:`.varlen`): torch SDPA paid per sample of a packed row. Importing this package
-imports neither torch nor transformers; :func:`register` does, once.
+``varlen`` (:mod:`.varlen`): torch SDPA paid per sample of a packed row. ``flash_varlen``
+(:mod:`.flash_varlen`): torch's varlen flash kernel on CUDA, ``varlen`` elsewhere. Importing
+this package imports neither torch nor transformers; :func:`register` does, once.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from typing import Any
 
 #: The name ``[model] attn_implementation`` gives to :func:`.varlen.varlen_attention_forward`.
 VARLEN = "varlen"
+#: ... and to :func:`.flash_varlen.flash_varlen_forward` (torch's varlen kernel on CUDA).
+FLASH_VARLEN = "flash_varlen"
+#: The implementations hyper-train registers with transformers.
+OWN_IMPLEMENTATIONS = frozenset({VARLEN, FLASH_VARLEN})
 #: Forward kwargs that carry a packed row's sample boundaries (flash-attention's names).
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 #: Implementations that read :data:`VARLEN_KWARGS` in the language model's attention layers.
 VARLEN_IMPLEMENTATIONS = frozenset(
-    {VARLEN, "flash_attention_2", "flash_attention_3", "flash_attention_4"}
+    {VARLEN, FLASH_VARLEN, "flash_attention_2", "flash_attention_3", "flash_attention_4"}
 )
 
 
@@ -37,13 +42,18 @@ def drop_varlen_kwargs(module: Any) -> Any:
 
 
 def register() -> None:
-    """Register ``varlen`` with transformers' attention and mask interfaces (idempotent)."""
+    """Register ``varlen`` and ``flash_varlen`` with transformers' attention and mask
+    interfaces (idempotent)."""
+    from .flash_varlen import register as register_flash
     from .varlen import register as _register
 
     _register()
+    register_flash()
 
 
 __all__ = [
+    "FLASH_VARLEN",
+    "OWN_IMPLEMENTATIONS",
     "VARLEN",
     "VARLEN_IMPLEMENTATIONS",
     "VARLEN_KWARGS",

@@ -161,9 +161,10 @@ class ModelConfig(_Section):
         default="sdpa",
         metadata=meta(
             "Attention implementation: transformers' (`sdpa`, `eager`, `flash_attention_2`...) "
-            "or `varlen`, SDPA paid per sample of a packed row (exact, any device). With "
-            "`varlen` and `flash_*`, packed micro-batches carry each sample's boundaries "
-            "(`cu_seq_lens_q`...)."
+            "or `varlen`, SDPA paid per sample of a packed row (exact, any device), or "
+            "`flash_varlen`: torch's varlen flash kernel on CUDA, one call per layer for the "
+            "decoder and the vision tower (`varlen` on CPU). With `varlen`, `flash_varlen` and "
+            "`flash_*`, packed micro-batches carry each sample's boundaries (`cu_seq_lens_q`...)."
         ),
     )
     freeze: list[Literal["vision", "projector", "language"]] = attrs.field(

@@ -1,0 +1,86 @@
+"""``attn_implementation = "flash_varlen"``: with the kernel (stubbed here by per-segment SDPA,
+as on CPU there is no CUDA kernel) the vision tower and the decoder each make one attention
+call per layer per forward (no loop over windows, images or samples), with the same loss and
+gradients as ``sdpa``; on CPU it is ``varlen``."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import pytest
+import torch
+
+from hyper_core.attention import flash_varlen
+from hyper_core.builtin.resolve import resolve_adapter
+from hyper_core.config import load_config_dict
+from hyper_core.plugins import get_plugin_host
+from hyper_core.testing.vl import loss_and_grads, micro_batch, vl_samples, write_test_images
+
+
+def _stub(calls: list[int]) -> Any:
+    def varlen_attn(
+        q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False
+    ):
+        calls.append(len(cu_q) - 1)
+        bounds = cu_q.tolist()
+        causal = window_size == (-1, 0)
+        assert window_size in ((-1, 0), (-1, -1)), window_size
+        assert max_q == max(b - a for a, b in pairwise(bounds))
+        out = []
+        for a, b in pairwise(bounds):
+            qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=enable_gqa
+            )
+            out.append(o.transpose(0, 1))
+        return torch.cat(out)
+
+    return varlen_attn
+
+
+def _build(implementation: str, tmp_path: Any, family: str = "qwen2_5_vl") -> tuple[Any, Any, Any]:
+    raw = {
+        "run": {"output_dir": str(tmp_path / "run")},
+        "model": {"adapter": family, "config": "tiny", "attn_implementation": implementation},
+        "data": {"train": {"format": "shapes", "num_samples": 4}},
+        "training": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 1, "lr": 1e-3},
+    }
+    config = load_config_dict(raw)
+    adapter = resolve_adapter(config.model, get_plugin_host().registries)
+    torch.manual_seed(0)
+    return adapter, adapter.build_model(config.model), adapter.build_assets(config.model)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_one_call_per_layer_and_the_sdpa_loss(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    adapter, reference, assets = _build("sdpa", tmp_path, family)
+    images = write_test_images(tmp_path / "images")
+    samples = vl_samples(images)[:3]
+    feats = [adapter.transform(s, assets, max_seq_len=4096) for s in samples]
+    mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
+    want = loss_and_grads(reference, micro_batch(feats, "packed", assets.pad_token_id))
+
+    _, model, _ = _build("flash_varlen", tmp_path, family)
+    calls: list[int] = []
+    monkeypatch.setattr(flash_varlen, "uses_kernel", lambda q: True)
+    monkeypatch.setattr(flash_varlen, "kernel", lambda: _stub(calls))
+    got = loss_and_grads(model, mb)
+
+    text, vision = model.config.text_config, model.config.vision_config
+    assert len(calls) == text.num_hidden_layers + vision.depth  # one call per layer
+    assert calls[-1] == len(samples)  # the decoder saw every sample's boundaries
+    assert got[0] == pytest.approx(want[0], abs=1e-5)
+    for name, grad in want[1].items():
+        torch.testing.assert_close(got[1][name], grad, atol=1e-5, rtol=1e-4)
+
+
+def test_on_cpu_it_is_varlen(tmp_path: Any) -> None:
+    adapter, model, assets = _build("flash_varlen", tmp_path)
+    _, reference, _ = _build("varlen", tmp_path)
+    images = write_test_images(tmp_path / "images")
+    feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:2]]
+    mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
+    assert loss_and_grads(model, mb)[0] == loss_and_grads(reference, mb)[0]
