@@ -96,7 +96,7 @@ class DefaultEvaluator:
                         outputs = model(**model_inputs, **forward_kwargs)
                     if weight:
                         loss, _ = self.loss_fn(outputs, loss_inputs, 1.0)
-                        stats.add(mb, outputs.logits, loss_inputs, float(loss))
+                        stats.add(mb, outputs.logits, loss_inputs, loss.detach())
             samples = self.generate_samples(self.config.training.eval_generate_samples)
         finally:
             model.train()
@@ -148,37 +148,62 @@ class DefaultEvaluator:
 
 @attrs.define
 class _Stats:
-    """One rank's running sums."""
+    """One rank's running sums, kept on the device until :meth:`merged` (no host sync per
+    micro-batch or sample)."""
 
-    loss_sum: float = 0.0
-    tokens: int = 0
-    token_hits: int = 0
-    correct: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(lambda: [0, 0]))
+    #: (loss sum, loss tokens, tokens predicted right), accumulated on the device.
+    sums: Any = None
+    #: Per micro-batch: each counted sample's answer-correct flag (device) and its keys.
+    answers: list[tuple[torch.Tensor, list[list[str]]]] = attrs.field(factory=list)
 
     def add(
-        self, mb: Any, logits: torch.Tensor, loss_inputs: dict[str, Any], loss_sum: float
+        self, mb: Any, logits: torch.Tensor, loss_inputs: dict[str, Any], loss_sum: torch.Tensor
     ) -> None:
+        import torch
+
         from ..training.label_positions import full_labels, full_predictions
 
         labels = full_labels(loss_inputs["labels"], loss_inputs)
         mask = labels != -100
-        self.loss_sum += loss_sum
-        self.tokens += int(mask.sum())
         right = full_predictions(logits.argmax(-1), loss_inputs) == labels
-        self.token_hits += int((right & mask).sum())
-        hits = right | ~mask
+        step = torch.stack([loss_sum.double(), mask.sum().double(), (right & mask).sum().double()])
+        self.sums = step if self.sums is None else self.sums + step
+        # A sample is right when no loss position in its span is wrong: a span's count of
+        # misses is a difference of the row's running count.
+        misses = torch.nn.functional.pad((~(right | ~mask)).long().cumsum(-1), (1, 0))
+        rows, starts, ends, keys = [], [], [], []
         for (row, start, end), meta in zip(sample_rows(mb, labels), mb.meta, strict=False):
             if (meta or {}).get("filler"):
                 continue
-            ok = int(bool(hits[row, start:end].all()))
-            for key in ("all", (meta or {}).get("question_type")):
-                if key is not None:
-                    self.correct[key][0] += ok
-                    self.correct[key][1] += 1
+            rows.append(row)
+            starts.append(start)
+            ends.append(end)
+            kind = (meta or {}).get("question_type")
+            keys.append(["all"] if kind is None else ["all", kind])
+        if keys:
+            index = torch.tensor(rows, device=misses.device)
+            span = misses[index, torch.tensor(ends, device=misses.device)]
+            span = span - misses[index, torch.tensor(starts, device=misses.device)]
+            self.answers.append((span == 0, keys))
+
+    def _host(self) -> tuple[float, int, int, dict[str, list[int]]]:
+        """The sums and per-key ``[correct, count]`` on the host (the one sync)."""
+        import torch
+
+        loss_sum, tokens, hits = (0.0, 0, 0) if self.sums is None else self.sums.tolist()
+        correct: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        if self.answers:
+            flags = torch.cat([ok for ok, _ in self.answers]).tolist()
+            keys = [k for _, ks in self.answers for k in ks]
+            for ok, names in zip(flags, keys, strict=True):
+                for name in names:
+                    correct[name][0] += int(ok)
+                    correct[name][1] += 1
+        return loss_sum, int(tokens), int(hits), dict(correct)
 
     def merged(self, dist: DistEnv) -> EvalMetrics:
         """The metrics of every rank's sums together (a collective)."""
-        mine = (self.loss_sum, self.tokens, self.token_hits, dict(self.correct))
+        mine = self._host()
         gathered: Sequence[Any] = [mine]
         if dist.world_size > 1:
             import torch.distributed as tdist
