@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, overload
+from typing import IO, Any
 
 import numpy as np
 
-from ..errors import DataError
+from .file_rows import FileRows, file_key
 from .jsonl import _BOM, DEFAULT_MAX_LINE_BYTES, RawSample, parse_line, too_long
 
 #: Bumped when the index layout changes (old cache files are then ignored).
@@ -85,16 +84,6 @@ def _cache_dir() -> Path:
     return cache_root() / "jsonl_index"
 
 
-def _file_key(path: Path) -> tuple[int, int]:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        raise DataError(f"data file not found: {path}") from None
-    if not path.is_file():
-        raise DataError(f"data path is a directory, expected a .jsonl file: {path}")
-    return stat.st_size, stat.st_mtime_ns
-
-
 def _cache_path(cache_dir: Path, file: str, key: tuple[int, int]) -> Path:
     path_digest = hashlib.sha256(file.encode()).hexdigest()[:16]
     return cache_dir / f"{path_digest}-v{INDEX_VERSION}-{key[0]}-{key[1]}.npy"
@@ -131,7 +120,7 @@ def load_index(
     return index, True
 
 
-class JsonlFile(Sequence[RawSample]):
+class JsonlFile(FileRows):
     """The samples of one JSON-lines file, parsed on access; slicing gives another view.
 
     Pickles small (path, file state and the selected rows as a ``range``): the unpickled copy
@@ -148,7 +137,7 @@ class JsonlFile(Sequence[RawSample]):
         resolved = Path(path).resolve()
         self._path = resolved
         self._file = str(resolved)
-        self._key = _file_key(resolved)
+        self._key = file_key(resolved)
         self._max_line_bytes = max_line_bytes
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._index, self._cached = load_index(resolved, self._key, self._cache_dir)
@@ -156,28 +145,11 @@ class JsonlFile(Sequence[RawSample]):
         self._handle: IO[bytes] | None = None
         self._pid = -1
 
-    @property
-    def file(self) -> str:
-        """The resolved path of the data file."""
-        return self._file
+    def _fresh(self, view: FileRows) -> None:
+        view._handle, view._pid = None, -1  # type: ignore[attr-defined]
 
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @overload
-    def __getitem__(self, index: int) -> RawSample: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> JsonlFile: ...
-
-    def __getitem__(self, index: int | slice) -> RawSample | JsonlFile:
-        if isinstance(index, slice):
-            view = object.__new__(JsonlFile)
-            view.__dict__.update(self.__dict__)
-            view._rows = self._rows[index]
-            view._handle, view._pid = None, -1
-            return view
-        start, end, line = (int(v) for v in self._index[self._rows[index]])
+    def _read(self, row: int) -> RawSample:
+        start, end, line = (int(v) for v in self._index[row])
         source = {"file": self._file, "line": line}
         if end - start > self._max_line_bytes:
             return too_long(end - start, source, self._max_line_bytes)
@@ -186,14 +158,9 @@ class JsonlFile(Sequence[RawSample]):
         raw = handle.read(end - start)
         return parse_line(raw, source, max_line_bytes=self._max_line_bytes)
 
-    def __iter__(self) -> Iterator[RawSample]:
-        for i in range(len(self)):
-            yield self[i]
-
     def _open(self) -> IO[bytes]:
         if self._handle is None or self._pid != os.getpid():  # a forked child opens its own
-            if _file_key(self._path) != self._key:
-                raise DataError(f"{self._file}: the data file changed while training read it")
+            self._check_unchanged()
             self._handle = open(self._path, "rb")
             self._pid = os.getpid()
         return self._handle

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from ..config.schema import at_least, meta
 from ..errors import ConfigError, DataError, UserError
+from .file_rows import FileRows, file_key
 from .jsonl import SOURCE_KEY, RawSample
 
 if TYPE_CHECKING:
@@ -46,17 +47,7 @@ def import_pyarrow() -> Any:
     return pyarrow
 
 
-def _file_key(path: Path) -> tuple[int, int]:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        raise DataError(f"data file not found: {path}") from None
-    if not path.is_file():
-        raise DataError(f"data path is a directory, expected a file: {path}")
-    return stat.st_size, stat.st_mtime_ns
-
-
-class ArrowRows(Sequence[RawSample]):
+class ArrowRows(FileRows):
     """The rows of one Parquet file (``kind="parquet"``) or Arrow stream file
     (``kind="arrow"``) as raw samples, converted on access; slicing gives a view.
 
@@ -67,15 +58,14 @@ class ArrowRows(Sequence[RawSample]):
         self._path = Path(path).resolve()
         self._file = str(self._path)
         self._kind = kind
-        self._key = _file_key(self._path)
+        self._key = file_key(self._path)
         self._pid = -1
         self._open()
         self._rows = range(int(self._offsets[-1]))
 
     def _open(self) -> None:
         pa = import_pyarrow()
-        if _file_key(self._path) != self._key:
-            raise DataError(f"{self._file}: the data file changed while training read it")
+        self._check_unchanged()
         source = pa.memory_map(self._file, "r")
         try:
             if self._kind == "parquet":
@@ -93,27 +83,7 @@ class ArrowRows(Sequence[RawSample]):
         self._group: tuple[int, pyarrow.Table] | None = None
         self._pid = os.getpid()
 
-    @property
-    def file(self) -> str:
-        """The resolved path of the data file."""
-        return self._file
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @overload
-    def __getitem__(self, index: int) -> RawSample: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> ArrowRows: ...
-
-    def __getitem__(self, index: int | slice) -> RawSample | ArrowRows:
-        if isinstance(index, slice):
-            view = object.__new__(ArrowRows)
-            view.__dict__.update(self.__dict__)
-            view._rows = self._rows[index]
-            return view
-        row = self._rows[index]
+    def _read(self, row: int) -> RawSample:
         if self._pid != os.getpid():  # a forked or unpickled copy maps the file itself
             self._open()
         if self._kind == "parquet":
@@ -126,10 +96,6 @@ class ArrowRows(Sequence[RawSample]):
         (sample,) = table.slice(local, 1).to_pylist()
         sample[SOURCE_KEY] = {"file": self._file, "index": row}
         return sample
-
-    def __iter__(self) -> Iterator[RawSample]:
-        for i in range(len(self)):
-            yield self[i]
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in ("_reader", "_group")}
