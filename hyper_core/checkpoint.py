@@ -469,6 +469,20 @@ def non_finite_parameter(model: Any) -> str | None:
         return next(n for (n, _), ok in zip(named, flags.tolist(), strict=True) if not ok)
 
 
+def _without_frozen_ties(model: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the other names of tied frozen parameters: DCP's
+    ``ignore_frozen_params`` goes by ``named_parameters()``, which names a tied parameter once,
+    and keeps e.g. ``lm_head.weight`` tied to a frozen ``embed_tokens.weight``. Decided by
+    name, so every rank drops the same keys."""
+    from torch.distributed.checkpoint.state_dict import _get_fqns  # DCP's own name mapping
+
+    frozen: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if not param.requires_grad:
+            frozen |= _get_fqns(model, name)
+    return {k: v for k, v in state.items() if k not in frozen}
+
+
 @attrs.define
 class _Pending:
     future: Any
@@ -495,7 +509,9 @@ class Checkpointer:
 
     It saves and restores the objects it was built with (``build_checkpointer``'s ``model``,
     ``optimizer``, ``lr_scheduler`` and ``dataloaders.train``); of the run it reads only what
-    :class:`CheckpointedRun` names.
+    :class:`CheckpointedRun` names. With ``trainable_only`` it saves and restores only the
+    parameters that require grad (and their optimizer state): parameter-efficient plugins
+    (``hyper-train-peft``) use it for adapter-only checkpoints.
     """
 
     def __init__(
@@ -507,8 +523,12 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         lr_scheduler: Any,
         dataloaders: Any,
+        trainable_only: bool = False,
     ) -> None:
         self.config = config
+        #: Save and restore only parameters with ``requires_grad`` (e.g. LoRA adapters): the
+        #: frozen ones must come back the same at every start (``[model] path`` or the seed).
+        self.trainable_only = trainable_only
         self.cfg = config.checkpoint
         self.dist = dist
         self.model = model
@@ -539,8 +559,19 @@ class Checkpointer:
     def _app_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
+        if self.trainable_only:
+            model_sd = _without_frozen_ties(self.model, model_sd)
         return {"model": model_sd, "optimizer": optim_sd}
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # dcp.load already fails on a key the checkpoint lacks; strict would also demand the
+        # frozen parameters left out.
+        return StateDictOptions(
+            ignore_frozen_params=self.trainable_only, strict=not self.trainable_only
+        )
 
     def _identity(self, run: CheckpointedRun, model_state: Mapping[str, Any]) -> ModelIdentity:
         """The identity of the model this checkpointer saves."""
@@ -888,6 +919,7 @@ class Checkpointer:
             self.optimizer,
             model_state_dict=app["model"],
             optim_state_dict=app["optimizer"],
+            options=self._options(),
         )
         trainer.state.load_dict(extra["train_state"])
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])

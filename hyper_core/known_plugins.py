@@ -41,6 +41,7 @@ FIRST_PARTY: tuple[FirstParty, ...] = (
         sections=("encoder_parallel",),
     ),
     FirstParty(distribution="hyper-train-memory-profiler", sections=("memory_profiler",)),
+    FirstParty(distribution="hyper-train-peft", sections=("peft",)),
 )
 
 

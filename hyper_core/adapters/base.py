@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..batching.types import MicroBatch, SampleFeatures
     from ..config import ModelConfig
     from ..data.conversation import Conversation
+    from ..export import CheckpointLayout
 
 
 @attrs.frozen(kw_only=True)
@@ -185,6 +186,20 @@ class ModelAdapter:
 
     # -- export -------------------------------------------------------------------------------
 
+    def checkpoint_layout(self, hf_config: Any) -> CheckpointLayout:
+        """How exports write the weights: a per-group key conversion to the checkpoint's names
+        and the config files. The default writes the native names and ``config.json``.
+
+        ``convert`` sees one export group at a time (:func:`hyper_core.export.group_keys`: one
+        numbered layer/block, or one module outside them), so a conversion may combine tensors
+        of one layer (fused q/k/v, stacked experts) but not across layers.
+        """
+        from ..export import CheckpointLayout
+
+        return CheckpointLayout(
+            convert=dict, save_config=lambda out: hf_config.save_pretrained(str(out))
+        )
+
     def export_hf(
         self,
         state_dict: Mapping[str, torch.Tensor],
@@ -192,10 +207,11 @@ class ModelAdapter:
         out_dir: str | Path,
         assets: ModelAssets | None = None,
     ) -> None:
-        """Write ``state_dict`` as an HF checkpoint (safetensors, config.json, tokenizer)."""
-        from ..export import save_hf_checkpoint
+        """Write an in-memory ``state_dict`` as an HF checkpoint (safetensors shards through
+        :meth:`checkpoint_layout`, config.json, tokenizer)."""
+        from ..export import export_state_dict
 
-        save_hf_checkpoint(state_dict, hf_config, out_dir, assets=assets)
+        export_state_dict(self, state_dict, hf_config, out_dir, assets=assets)
 
 
 @runtime_checkable

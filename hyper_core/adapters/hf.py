@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from ..batching.types import MicroBatch
     from ..config import ModelConfig
+    from ..export import CheckpointLayout
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -213,10 +214,8 @@ class HFModelAdapter(ModelAdapter):
         cfg = self.hf_config(model_config)
         dtype = dtype if dtype is not None else torch_dtype(model_config.dtype)
         cls = self.model_cls(cfg, model_config.trust_remote_code)
-        if model_config.path is not None:
-            # On meta too: a sharded load reads the files only after the model is sharded.
-            self._check_weights(Path(model_config.path))
         if model_config.path is not None and str(device) != "meta":
+            self.check_weights(model_config)
             model = cls.from_pretrained(
                 model_config.path,
                 config=cfg,
@@ -255,6 +254,13 @@ class HFModelAdapter(ModelAdapter):
         from transformers.conversion_mapping import get_model_conversion_mapping
 
         return list(get_model_conversion_mapping(model))
+
+    def check_weights(self, model_config: ModelConfig) -> None:
+        """A :class:`UserError` when the weights at ``[model] path`` cannot be loaded (no
+        safetensors, quantized); before any rank reads them. A meta build (a config-only
+        directory is enough for it, e.g. ``memory estimate``) does not check."""
+        if model_config.path is not None:
+            self._check_weights(Path(model_config.path))
 
     @staticmethod
     def _check_weights(path: Path) -> None:
@@ -378,16 +384,9 @@ class HFModelAdapter(ModelAdapter):
 
     # -- export -------------------------------------------------------------------------------
 
-    def export_hf(
-        self,
-        state_dict: Mapping[str, torch.Tensor],
-        hf_config: Any,
-        out_dir: str | Path,
-        assets: Any = None,
-    ) -> None:
-        """Save through ``save_pretrained`` of a meta-device model (tied weights handled)."""
-        from ..export import save_hf_checkpoint
+    def checkpoint_layout(self, hf_config: Any) -> CheckpointLayout:
+        """What ``save_pretrained`` writes (tied copies left out, transformers' reverse key
+        conversion), group by group."""
+        from ..export import hf_layout
 
-        save_hf_checkpoint(
-            state_dict, hf_config, out_dir, model_cls=import_ref(self.model_class), assets=assets
-        )
+        return hf_layout(import_ref(self.model_class), hf_config)

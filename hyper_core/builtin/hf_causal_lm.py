@@ -12,6 +12,7 @@ from ..errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from ..batching.types import SampleFeatures
+    from ..export import CheckpointLayout
 
 _TINY_COMMON = {
     "hidden_size": 64,
@@ -106,18 +107,12 @@ class HFCausalLMAdapter(HFModelAdapter):
                 f"AutoModelForCausalLM entry in config.json){hint}"
             ) from None
 
-    def export_hf(self, state_dict: Any, hf_config: Any, out_dir: Any, assets: Any = None) -> None:
-        """Save as the concrete causal-LM class."""
-        from ..export import save_hf_checkpoint
+    def checkpoint_layout(self, hf_config: Any) -> CheckpointLayout:
+        """What ``save_pretrained`` of the concrete causal-LM class writes."""
+        from ..export import hf_layout
 
-        save_hf_checkpoint(
-            state_dict,
-            hf_config,
-            out_dir,
-            # A config of the directory's own code was only loaded with trust_remote_code on.
-            model_cls=self.model_cls(hf_config, _is_remote_code(hf_config)),
-            assets=assets,
-        )
+        # A config of the directory's own code was only loaded with trust_remote_code on.
+        return hf_layout(self.model_cls(hf_config, _is_remote_code(hf_config)), hf_config)
 
     # -- data ---------------------------------------------------------------------------------
 

@@ -78,6 +78,7 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
         return strategy.apply(model, plan, dist)
     from ..parallel.hf_load import load_hf_shards
 
+    adapter.check_weights(config.model)  # no safetensors, quantized: before any rank reads
     conversions = adapter.checkpoint_conversions(model)  # before sharding renames classes
     model = strategy.apply(model, plan, dist)
     load_hf_shards(strategy.unwrap(model), Path(config.model.path), dist, conversions)
@@ -247,7 +248,11 @@ def build_lr_scheduler(config: Any, optimizer: Any, train_iters: int) -> Any:
 
 @default
 def build_training_context(config: Any, model: Any, dist: Any) -> Any:
-    """bf16 autocast with ``mixed_precision = "bf16"``, else no context."""
+    """bf16 autocast with ``mixed_precision = "bf16"``, else no context.
+
+    Under fsdp2 too, although its gathered parameters are already bf16 there: autocast then
+    copies no weights, and it still covers ops on non-parameter inputs (fp32 buffers, inputs
+    made outside the sharding units)."""
     if config.training.mixed_precision == "bf16":
         import torch
 

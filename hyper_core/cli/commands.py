@@ -69,6 +69,11 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     export.add_argument("checkpoint", help="a checkpoints/step-N folder")
     export.add_argument("--out", required=True, help="output directory")
     export.add_argument("--config", default=None, help="the run's config (default: its copy)")
+    export.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="largest safetensors shard, e.g. 2GB or 500MB (default: 5GB)",
+    )
     export.set_defaults(handler=cmd_export)
 
     chat = sub.add_parser(
@@ -496,11 +501,18 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``hyper-train export CHECKPOINT --out DIR``."""
+    """``hyper-train export CHECKPOINT --out DIR [--max-shard-size 5GB]``."""
     from ..checkpoint import resolve_checkpoint, run_config_for
     from ..config import load_config
     from ..export import export_checkpoint
+    from ..safetensors_writer import parse_shard_size
 
+    try:
+        max_shard_size = parse_shard_size(args.max_shard_size)
+    except ValueError:
+        raise UserError(
+            f"--max-shard-size: {args.max_shard_size!r} is not a size (e.g. 5GB, 500MB, 10KB)"
+        ) from None
     ckpt = resolve_checkpoint(args.checkpoint)
     config_path = Path(args.config) if args.config else run_config_for(ckpt)
     if config_path is None or not config_path.is_file():
@@ -508,7 +520,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"{missing}: no config found for {ckpt} (pass --config)")
     host = plugin_host(args)
     config = load_config(config_path, (), host.registries.config_sections)
-    out = export_checkpoint(config, host, ckpt, Path(args.out))
+    out = export_checkpoint(config, host, ckpt, Path(args.out), max_shard_size=max_shard_size)
     print(f"exported {ckpt} to {out}")
     return 0
 

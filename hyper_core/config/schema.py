@@ -155,7 +155,13 @@ class ModelConfig(_Section):
         default=False, metadata=meta("Allow the model directory's own Python code.")
     )
     dtype: Dtype = attrs.field(
-        default="float32", metadata=meta("Dtype the weights are created/loaded in.")
+        default="float32",
+        metadata=meta(
+            "Dtype the weights are created/loaded in, and the parameters and AdamW state keep "
+            "(the master weights). Train at bf16 with `float32` here and [training] "
+            '`mixed_precision = "bf16"`; `bfloat16` is pure bf16 training (an opt-in: the run '
+            "warns once when more than half the weights would not change by a step of `lr`)."
+        ),
     )
     attn_implementation: str = attrs.field(
         default="sdpa",
@@ -436,7 +442,12 @@ class TrainingConfig(_Section):
         metadata=meta("Clip the global gradient norm to this; unset: no clipping."),
     )
     mixed_precision: Literal["no", "bf16"] = attrs.field(
-        default="no", metadata=meta("Autocast compute dtype.")
+        default="no",
+        metadata=meta(
+            "Compute dtype: `bf16` runs forward/backward under bf16 autocast and, with fsdp2, "
+            "gathers bf16 parameters and reduces gradients in fp32 (unless [parallel] "
+            "`param_dtype`/`reduce_dtype` are set); the parameters stay in [model] `dtype`."
+        ),
     )
     activation_checkpointing: bool = attrs.field(
         default=False, metadata=meta("Recompute activations in backward.")
@@ -530,10 +541,17 @@ class ParallelConfig(_Section):
     )
     param_dtype: Dtype | None = attrs.field(
         default=None,
-        metadata=meta("FSDP mixed-precision parameter dtype; unset: the weights' dtype."),
+        metadata=meta(
+            "FSDP mixed-precision parameter dtype (the gathered parameters); unset: `bfloat16` "
+            'with [training] `mixed_precision = "bf16"`, else the weights\' dtype.'
+        ),
     )
     reduce_dtype: Dtype | None = attrs.field(
-        default=None, metadata=meta("FSDP gradient-reduction dtype; unset: the parameter dtype.")
+        default=None,
+        metadata=meta(
+            "FSDP gradient-reduction dtype; unset: `float32` with [training] "
+            '`mixed_precision = "bf16"`, else the parameter dtype.'
+        ),
     )
     backend: Literal["auto", "gloo", "nccl"] = attrs.field(
         default="auto", metadata=meta("torch.distributed backend; auto: nccl on CUDA, else gloo.")

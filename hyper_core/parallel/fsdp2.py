@@ -40,12 +40,16 @@ class FSDP2(ParallelStrategy):
     loads_shards = True
 
     def mixed_precision(self) -> object:
-        """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``."""
+        """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``; unset
+        under ``[training] mixed_precision = "bf16"``: bf16 gather, fp32 reduction (the
+        parameters stay in the weights' dtype, fp32 master weights by default)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
+        from ..training.precision import fsdp_precision
+
+        mp = fsdp_precision(self.parallel, self.training)
         return MixedPrecisionPolicy(
-            param_dtype=torch_dtype(self.parallel.param_dtype),
-            reduce_dtype=torch_dtype(self.parallel.reduce_dtype),
+            param_dtype=torch_dtype(mp.param_dtype), reduce_dtype=torch_dtype(mp.reduce_dtype)
         )
 
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:

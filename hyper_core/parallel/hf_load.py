@@ -87,7 +87,28 @@ def _sequential_reads() -> Iterator[None]:
             os.environ[key] = old
 
 
+#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
+#: returning a context manager under which the model's module tree is that of its checkpoint.
+#: A plugin that adds parameters the checkpoint does not have (``hyper-train-peft``'s LoRA
+#: layers, which hold the original layer as ``base_layer``) sets it to swap its modules for
+#: the originals during the load; its own parameters are then left on meta, and the plugin
+#: initialises them after ``parallelize_model`` (``on_stage_end``).
+CHECKPOINT_VIEW = "hyper_train_checkpoint_view"
+
+
 def load_hf_shards(
+    model: torch.nn.Module, path: Path, dist: DistEnv, conversions: list[Any]
+) -> None:
+    """Fill the (sharded, materialised) ``model`` with the weights of the HF directory
+    ``path``, each rank reading only its slices (collective-free); inside the model's
+    :data:`CHECKPOINT_VIEW` when it has one.
+    """
+    view = getattr(model, CHECKPOINT_VIEW, None)
+    with view() if view is not None else contextlib.nullcontext():
+        _load_hf_shards(model, path, dist, conversions)
+
+
+def _load_hf_shards(
     model: torch.nn.Module, path: Path, dist: DistEnv, conversions: list[Any]
 ) -> None:
     """Fill the (sharded, materialised) ``model`` with the weights of the HF directory

@@ -8,7 +8,7 @@ Each rank runs the real ``build_model`` and ``parallelize_model`` stages of CONF
 (``VmHWM`` after the load and a read of every weight, minus ``VmRSS`` before, with the peak
 reset first). ``--rank0`` takes the rank-0 broadcast path (rank 0 loads the whole
 checkpoint) instead of the sharded one; ``--compare`` checks every rank's shards against a
-single-process ``from_pretrained``, tensor by tensor. Rank 0 writes OUT.json. Used by
+single-process ``from_pretrained`` on rank 0, tensor by tensor. Rank 0 writes OUT.json. Used by
 ``python -m bench load`` and the big-checkpoint tests; :func:`write_random_checkpoint` writes
 their checkpoint.
 """
@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -136,7 +138,7 @@ def probe(config_file: Path, out_json: Path, *, rank0: bool, compare: bool) -> N
         for tensor in model.state_dict().values():
             (tensor.to_local() if hasattr(tensor, "to_local") else tensor).sum()
     peak = _status_bytes("VmHWM") - before
-    worst = _compare(model, adapter, config) if compare else None
+    worst = _compare(model, adapter, config, dist) if compare else None
     record = torch.tensor([peak, seconds, -1.0 if worst is None else worst], dtype=torch.float64)
     records = [torch.zeros_like(record) for _ in range(dist.world_size)]
     if dist.world_size > 1:
@@ -160,21 +162,16 @@ def probe(config_file: Path, out_json: Path, *, rank0: bool, compare: bool) -> N
         tdist.destroy_process_group()
 
 
-def _compare(model: Any, adapter: Any, config: Any) -> float:
-    """Largest |difference| of this rank's shards from a single-process ``from_pretrained``."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    reference = adapter.build_model(config.model).state_dict()
+def _compare(model: Any, adapter: Any, config: Any, dist: Any) -> float:
+    """Largest |difference| of the loaded model from a single-process ``from_pretrained``
+    (on rank 0, whole tensor by whole tensor; a collective). Other ranks return 0."""
+    reference = adapter.build_model(config.model).state_dict() if dist.is_main else {}
     worst = 0.0
     for name, tensor in model.state_dict().items():
-        expected = reference[name]
-        if hasattr(tensor, "to_local"):
-            shape, offset = compute_local_shape_and_global_offset(
-                tensor.shape, tensor.device_mesh, tensor.placements
-            )
-            expected = expected[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
-            tensor = tensor.to_local()
-        worst = max(worst, (tensor.float() - expected.float()).abs().max().item())
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if dist.is_main:
+            worst = max(worst, (full.float() - reference[name].float()).abs().max().item())
+        del full
     return worst
 
 
@@ -183,7 +180,6 @@ def launch(
 ) -> dict[str, Any]:
     """Run the probe on ``nproc`` ranks (torchrun, gloo) and return its record."""
     import subprocess
-    import sys
 
     from .processes import subprocess_env
 
@@ -205,6 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compare", action="store_true", help="check against from_pretrained")
     args = parser.parse_args(argv)
     probe(args.config, args.out, rank0=args.rank0, compare=args.compare)
+    # The record is written and every rank has left the group: skip the interpreter's
+    # teardown, where a 4-rank run on 2 cores once aborted in a C++ destructor
+    # ("terminate called without an active exception") after its work was done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

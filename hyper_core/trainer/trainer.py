@@ -26,6 +26,7 @@ from ..training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidd
 from ..training.label_positions import keep_label_positions, supports_label_positions
 from ..training.lockstep import Lockstep
 from ..training.loss import causal_lm_loss
+from ..training.precision import warn_pure_bf16
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .peak_flops import compute_dtype, device_peak_flops
 from .state import TrainState
@@ -124,6 +125,7 @@ class Trainer:
             and bool(getattr(self.strategy, "loads_shards", False))
             and cfg.model.path is not None
             and hasattr(self.adapter, "checkpoint_conversions")
+            and hasattr(self.adapter, "check_weights")
         )
         self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
         self.model = self._stage(
@@ -176,6 +178,7 @@ class Trainer:
             )
         )
         self.optimizer = self._stage("build_optimizer", config=cfg, model=self.model)
+        warn_pure_bf16(cfg, self.model, self.dist)  # once, at start (a collective)
         self.lr_scheduler = self._stage(
             "build_lr_scheduler",
             config=cfg,

@@ -41,7 +41,7 @@ def test_each_rank_holds_only_its_share_and_the_weights_are_exact(
     path, size = checkpoint
     result = _probe(path, tmp_path, ranks, "--compare")
     assert result["path"] == "sharded" and result["ranks"] == ranks
-    assert result["max_abs_diff"] == 0.0  # every rank's shards equal from_pretrained's slices
+    assert result["max_abs_diff"] == 0.0  # the gathered weights equal from_pretrained's
     ratios = [peak / size for peak in result["peak_rss_bytes"]]
     print(f"{ranks} ranks: peak RSS / checkpoint = {[round(r, 3) for r in ratios]}")
     assert max(ratios) <= bound, ratios

@@ -80,21 +80,53 @@ def test_state_per_rank_under_fsdp2(seven_b: dict[str, Any]) -> None:
     assert frozen.rows["optimizer"] < eight.rows["optimizer"]
 
 
+def test_fp32_master_weights(seven_b: dict[str, Any]) -> None:
+    """bf16 training of fp32 weights: fp32 parameters, gradients and two fp32 AdamW moments
+    per parameter, sharded; FSDP2 gathers bf16 units and reduces gradients in fp32."""
+    from hyper_memory_profiler.estimate import build_meta_model, model_shape
+
+    est = _estimate(seven_b, 8)
+    params = est.rows["params"]
+    assert est.state["params"]["by_dtype"] == {"float32": params}
+    assert params == pytest.approx(4 * QWEN25_VL_7B_PARAMS / 8, rel=1e-3)
+    assert est.rows["grads"] == params
+    assert est.state["optimizer"]["by_dtype"]["float32"] == est.rows["optimizer"]
+    assert est.rows["optimizer"] == 2 * params + 4 * est.state["params"]["count"]
+    # in flight: the root and two units gathered in bf16, one unit's gradients reduced in fp32
+    assert (est.precision.compute_weight_bytes, est.precision.reduce_bytes) == (2, 4)
+    shape = model_shape(seven_b["model"], seven_b["adapter"])
+    unit = max(shape.unit_numels)
+    assert est.transient["fsdp_unsharded"] == (shape.root_numel + 2 * unit) * 2 + unit * 4
+    # explicit [parallel] dtypes still win
+    explicit = _estimate(
+        seven_b, 8, '--parallel.param_dtype="float32"', '--parallel.reduce_dtype="bfloat16"'
+    )
+    assert (explicit.precision.compute_weight_bytes, explicit.precision.reduce_bytes) == (4, 2)
+    # pure bf16 (opt-in) halves the state
+    bf16 = '--model.dtype="bfloat16"'
+    pure = _estimate(
+        seven_b, 8, bf16, model=build_meta_model(seven_b["config"](bf16), seven_b["adapter"])
+    )
+    assert pure.rows["params"] == params // 2
+    assert pure.rows["optimizer"] == params + 4 * est.state["params"]["count"]
+
+
 def test_activation_levers(seven_b: dict[str, Any]) -> None:
     base = _estimate(seven_b, 8)
     assert base.batch.tokens == 4096 and base.batch.patches == 5120  # max_pixels / 14²
     ckpt = _estimate(seven_b, 8, "--training.activation_checkpointing=true")
     assert ckpt.rows["activations"] < base.rows["activations"] / 5
     assert ckpt.transient["recompute"] > 0
-    # bf16 autocast of fp32 weights keeps bf16 copies of every matmul weight for backward
+    # bf16 autocast of fp32 gathered weights keeps bf16 copies of every matmul weight for
+    # backward (every weight but the embedding table; biases and norms are not copied)...
+    fp32 = _estimate(seven_b, 8, '--parallel.param_dtype="float32"')
     embedding = 152064 * 3584
-    # (every weight but the embedding table; biases and norms are not copied)
-    assert base.rows["weight_copies"] == pytest.approx(
+    assert fp32.rows["weight_copies"] == pytest.approx(
         2 * (QWEN25_VL_7B_PARAMS - embedding), rel=1e-3
     )
-    bf16 = _estimate(seven_b, 8, '--parallel.param_dtype="bfloat16"')
-    assert bf16.rows["weight_copies"] == 0
-    assert bf16.transient["fsdp_unsharded"] == base.transient["fsdp_unsharded"] // 2
+    # ...which the default bf16 gather (fp32 master weights) does not need
+    assert base.rows["weight_copies"] == 0
+    assert base.transient["fsdp_unsharded"] < fp32.transient["fsdp_unsharded"]
     # activations grow linearly with the tokens when the sequence has no mask
     from hyper_memory_profiler.estimate import BatchShape
 
@@ -121,12 +153,14 @@ def test_cli_fits_or_not(seven_b: dict[str, Any], capsys: pytest.CaptureFixture[
                 "--device-memory",
                 "80GiB",
                 "--json",
+                '--parallel.param_dtype="float32"',  # fp32 gather: bf16 weight copies too
             ]
         )
         == 3  # does not fit
     )
     est = json.loads(capsys.readouterr().out)
     assert est["layout"]["dp_shard"] == 8 and est["fits"] is False
+    assert est["per_rank"]["weight_copies"] > 0
     assert (
         main(
             [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import subprocess
 import sys
 import time
@@ -140,9 +141,13 @@ def test_cpu_step_peak_sees_a_short_allocation() -> None:
     peaks.start()
     try:
         peaks.begin()
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        # 64 MiB of fresh pages (an anonymous map): a malloc'd block could reuse pages the
+        # process already holds from earlier tests, and then RSS would not rise at all.
+        block = mmap.mmap(-1, 64 * 2**20)
+        for offset in range(0, len(block), mmap.PAGESIZE):
+            block[offset] = 1
         time.sleep(0.05)
-        del block
+        block.close()
         time.sleep(0.01)
         result = peaks.end()
     finally:

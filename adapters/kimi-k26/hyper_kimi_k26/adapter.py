@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from hyper_core.batching.types import MicroBatch, SampleFeatures
     from hyper_core.config import ModelConfig
+    from hyper_core.export import CheckpointLayout
 
     from .processor import KimiProcessor
 
@@ -373,20 +374,9 @@ class KimiK25Adapter(HFModelAdapter):
 
     # -- export ---------------------------------------------------------------------------------
 
-    def export_hf(
-        self,
-        state_dict: Mapping[str, torch.Tensor],
-        hf_config: Any,
-        out_dir: str | Path,
-        assets: Any = None,
-    ) -> None:
+    def checkpoint_layout(self, hf_config: Any) -> CheckpointLayout:
         """The published checkpoint layout (per-expert keys, fused ``wqkv``; see
-        :mod:`hyper_kimi_k26.export`), ``config.json`` and the tokenizer/processor files."""
-        import copy
+        :mod:`hyper_kimi_k26.export`) and ``config.json``."""
+        from .export import checkpoint_layout
 
-        from .export import save_checkpoint
-
-        cfg = copy.deepcopy(hf_config)
-        if not getattr(cfg, "architectures", None):
-            cfg.architectures = ["Kimi_K25ForConditionalGeneration"]
-        save_checkpoint(state_dict, cfg, out_dir, assets=assets)
+        return checkpoint_layout(hf_config)

@@ -23,22 +23,23 @@ conversion mapping turns the checkpoints' keys into these on load. Its reverse o
 * ``model.mm_projector.pre_norm`` → ``mm_projector.pre_norm``; ``in_proj``/``out_proj`` →
   ``mm_projector.proj.0``/``mm_projector.proj.2``.
 
-``from_pretrained`` of the native class reads the result back through transformers' own
-conversion (the round trip is tested to give equal logits).
+Every rule needs only the tensors of one export group (one layer or vision block; see
+:func:`hyper_core.export.group_keys`), so exports stream. ``from_pretrained`` of the native
+class reads the result back through transformers' own conversion (the round trip is tested to
+give equal logits).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-MAX_SHARD_SIZE = "5GB"
+    from hyper_core.export import CheckpointLayout
+
 _LM = "model.language_model."
 _VT = "model.vision_tower."
 
@@ -133,62 +134,30 @@ def to_checkpoint_layout(
     return out
 
 
-def is_native_layout(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` has transformers' native key names (else: a remote-code model,
-    whose own names are written as they are)."""
-    return any(k.startswith(_LM) for k in state_dict)
+def is_native_key(key: str) -> bool:
+    """Whether ``key`` is one of transformers' native names (else: a remote-code model's own
+    name, written as it is)."""
+    return key.startswith("model.") or key == "lm_head.weight"
 
 
-def write_safetensors(
-    tensors: Mapping[str, torch.Tensor],
-    out_dir: str | Path,
-    *,
-    max_shard_size: str = MAX_SHARD_SIZE,
-) -> list[Path]:
-    """Sharded ``model-0000i-of-0000n.safetensors`` + index (one ``model.safetensors`` when it
-    fits one shard), as ``save_pretrained`` names them."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    plain = {k: v.detach().contiguous() for k, v in tensors.items()}
-    split = split_torch_state_dict_into_shards(plain, max_shard_size=max_shard_size)
-    files = []
-    for filename, keys in split.filename_to_tensors.items():
-        # each shard gets its own storage (slices of one fused tensor share one otherwise)
-        shard = {k: plain[k].clone() if _shares_storage(plain[k]) else plain[k] for k in keys}
-        save_file(shard, str(out / filename), metadata={"format": "pt"})
-        files.append(out / filename)
-    if split.is_sharded:
-        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return files
+def convert_group(tensors: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """One export group (a layer, a vision block, a module) in the checkpoint layout: native
+    names through :func:`to_checkpoint_layout`, a remote-code model's as they are."""
+    if tensors and all(is_native_key(k) for k in tensors):
+        return to_checkpoint_layout(tensors, hf_config)
+    return dict(tensors)
 
 
-def _shares_storage(tensor: torch.Tensor) -> bool:
-    return tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+def checkpoint_layout(hf_config: Any) -> CheckpointLayout:
+    """The published layout, group by group; ``config.json`` names the architecture."""
+    import copy
 
+    from hyper_core.export import CheckpointLayout
 
-def save_checkpoint(
-    state_dict: Mapping[str, torch.Tensor],
-    hf_config: Any,
-    out_dir: str | Path,
-    *,
-    assets: Any = None,
-    convert: Callable[[Mapping[str, torch.Tensor], Any], dict[str, torch.Tensor]] | None = None,
-) -> Path:
-    """Write ``config.json``, the weights in the checkpoint layout, and the tokenizer/processor."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if convert is None:
-        convert = to_checkpoint_layout if is_native_layout(state_dict) else _as_is
-    write_safetensors(convert(state_dict, hf_config), out)
-    hf_config.save_pretrained(str(out))
-    if assets is not None:
-        assets.save(out)
-    return out
-
-
-def _as_is(state_dict: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
-    return dict(state_dict)
+    cfg = copy.deepcopy(hf_config)
+    if not getattr(cfg, "architectures", None):
+        cfg.architectures = ["Kimi_K25ForConditionalGeneration"]
+    return CheckpointLayout(
+        convert=lambda tensors: convert_group(tensors, cfg),
+        save_config=lambda out: cfg.save_pretrained(str(out)),
+    )

@@ -9,7 +9,10 @@ split along dim 0 over ``dp_shard`` ranks the way FSDP2 does (``torch.chunk``: r
 ``ceil(d0 / dp_shard)`` rows, the largest share); otherwise (``none``, ``ddp``) in full.
 Gradients: trainable parameters, in their dtype. AdamW: ``exp_avg`` and ``exp_avg_sq`` in
 the parameter's dtype (fp32 for fp32 weights) plus a 4-byte ``step`` per trainable tensor.
-Buffers are never sharded.
+Buffers are never sharded. With fp32 master weights and bf16 compute (``[model] dtype =
+"float32"``, ``mixed_precision = "bf16"``) that is 4 + 4 + 8 bytes per trainable parameter,
+sharded; FSDP2's gathered parameters are bf16 (its default ``param_dtype`` then) and counted
+as transient, below.
 
 **Activations** (saved for backward by one micro-batch, what
 :class:`~hyper_memory_profiler.activations.SavedTensorMeter` measures). Per token (language
@@ -129,12 +132,15 @@ class Precision:
     @classmethod
     def from_config(cls, config: Any, sharded: bool = False) -> Precision:
         """From ``[model] dtype``, ``[training] mixed_precision`` and, when the parameters are
-        sharded (FSDP2 on several ranks), ``[parallel] param_dtype``/``reduce_dtype``."""
+        sharded (FSDP2 on several ranks), FSDP2's dtypes as the run resolves them (under
+        ``mixed_precision = "bf16"``: bf16 gather, fp32 reduction unless set)."""
+        from hyper_core.training.precision import fsdp_precision
+
         weight = _DTYPE_BYTES[config.model.dtype]
-        par = config.parallel
-        compute_weight = _DTYPE_BYTES[par.param_dtype] if sharded and par.param_dtype else weight
+        mp = fsdp_precision(config.parallel, config.training)
+        compute_weight = _DTYPE_BYTES[mp.param_dtype] if sharded and mp.param_dtype else weight
         autocast = config.training.mixed_precision == "bf16"
-        reduce = _DTYPE_BYTES[par.reduce_dtype] if sharded and par.reduce_dtype else compute_weight
+        reduce = _DTYPE_BYTES[mp.reduce_dtype] if sharded and mp.reduce_dtype else compute_weight
         return cls(
             weight_bytes=weight,
             compute_weight_bytes=compute_weight,

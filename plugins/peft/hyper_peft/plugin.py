@@ -1,0 +1,133 @@
+"""The peft plugin's hook implementations (entry point ``peft``).
+
+Imports neither torch nor peft. A run that sets ``[peft] method`` gets a :class:`PeftRun`
+(from ``build_callbacks``), which wraps ``build_model`` to inject LoRA into the model the stage
+returns (before ``parallelize_model``, so the strategy shards and wraps the adapters with their
+layers) and builds the run's checkpointer with ``trainable_only``: checkpoints hold the
+adapters and their optimizer state, the base comes from ``[model] path`` or the seed at every
+start.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+from hyper_core import hookimpl
+
+SECTION = "peft"
+log = logging.getLogger("hyper_train.peft")
+
+
+@hookimpl
+def register_config_sections(register: Any) -> None:
+    """``[peft]``."""
+    register(SECTION, "hyper_peft.config:PeftConfig")
+
+
+@hookimpl
+def build_callbacks(config: Any) -> PeftRun | None:
+    """A :class:`PeftRun` when ``[peft] method`` is set."""
+    cfg = config.section(SECTION)
+    if cfg is None or not cfg.enabled:
+        return None
+    return PeftRun(cfg, config)
+
+
+class PeftRun:
+    """One LoRA run: injects the adapters and checkpoints only the trainable parameters."""
+
+    def __init__(self, cfg: Any, config: Any) -> None:
+        self.cfg = cfg
+        self.config = config
+        self.targets: list[str] = []
+        #: Whether the LoRA parameters await their values after a sharded load.
+        self.init_after_load = False
+
+    @hookimpl(wrapper=True)
+    def build_model(self, adapter: Any, dist: Any) -> Generator[None, Any, Any]:
+        """LoRA into the built model, on whatever device it was built (CPU or meta): on
+        several ranks rank 0's adapters are broadcast with the base like any weight."""
+        from .lora import apply_lora, load_adapter_weights
+
+        if dist.sharded_load and self.cfg.method == "dora":
+            # DoRA's magnitudes are the base weights' norms: rank 0 loads and broadcasts.
+            log.info("dora: [model] path is loaded on rank 0 and broadcast (no sharded load)")
+            dist.sharded_load = False
+        model = yield
+        self.targets = apply_lora(model, adapter, self.cfg)
+        if dist.sharded_load:
+            from hyper_core.parallel.hf_load import CHECKPOINT_VIEW
+
+            from .sharded import check_shardable, checkpoint_view
+
+            check_shardable(model)
+            setattr(model, CHECKPOINT_VIEW, functools.partial(checkpoint_view, model))
+            self.init_after_load = True
+        elif self.cfg.init_from is not None and not _is_meta(model):
+            load_adapter_weights(model, self._init_from())
+        if dist.is_main:
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in model.parameters())
+            log.info(
+                "%s r=%d on %d module(s): %d trainable parameters of %d (%.2f%%)",
+                self.cfg.method,
+                self.cfg.r,
+                len(self.targets),
+                trainable,
+                total,
+                100.0 * trainable / max(total, 1),
+            )
+        return model
+
+    @hookimpl
+    def on_stage_end(self, stage: str, result: Any, trainer: Any) -> None:
+        """After a sharded load: the LoRA parameters it left on meta get their values."""
+        if stage != "parallelize_model" or not self.init_after_load:
+            return
+        from hyper_core.parallel.hf_load import CHECKPOINT_VIEW
+
+        from .sharded import init_lora_shards
+
+        model = trainer.strategy.unwrap(result)
+        init_lora_shards(model, self.config.run.seed, trainer.dist.device, self._init_from())
+        delattr(model, CHECKPOINT_VIEW)
+
+    def _init_from(self) -> Path | None:
+        """``init_from`` relative to the config file's directory."""
+        if self.cfg.init_from is None:
+            return None
+        path = Path(self.cfg.init_from).expanduser()
+        if not path.is_absolute() and self.config.source_path:
+            path = Path(self.config.source_path).parent / path
+        return path
+
+    @hookimpl
+    def build_checkpointer(
+        self,
+        config: Any,
+        dist: Any,
+        model: Any,
+        optimizer: Any,
+        lr_scheduler: Any,
+        dataloaders: Any,
+    ) -> Any:
+        """The core checkpointer, saving and restoring only the trainable parameters."""
+        from hyper_core.checkpoint import Checkpointer
+
+        return Checkpointer(
+            config,
+            dist,
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dataloaders=dataloaders,
+            trainable_only=True,
+        )
+
+
+def _is_meta(model: Any) -> bool:
+    return any(p.is_meta for p in model.parameters())
