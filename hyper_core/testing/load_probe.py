@@ -1,7 +1,7 @@
 """Measuring a model load: seconds and peak RSS per rank, the sharded path against rank 0's.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\
-        -m hyper_core.testing.load_probe CONFIG.toml OUT.json [--rank0] [--compare]
+        -m hyper_core.testing.load_probe CONFIG.toml OUT.json [--rank0] [--compare] [--export DIR]
 
 Each rank runs the real ``build_model`` and ``parallelize_model`` stages of CONFIG (a
 ``[model] path`` run) and records the wall time and the rise of its peak resident memory
@@ -99,8 +99,18 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def probe(config_file: Path, out_json: Path, *, rank0: bool, compare: bool) -> None:
-    """Load the model of ``config_file`` on this rank and record the figures (see module)."""
+def probe(
+    config_file: Path,
+    out_json: Path,
+    *,
+    rank0: bool,
+    compare: bool,
+    export: Path | None = None,
+    shard_size: str = "200MB",
+) -> None:
+    """Load the model of ``config_file`` on this rank and record the figures (see module);
+    with ``export``, then export it there as ``[checkpoint] export_hf`` does and record each
+    rank's peak RSS rise during the export too."""
     import torch
     import torch.distributed as tdist
 
@@ -139,7 +149,9 @@ def probe(config_file: Path, out_json: Path, *, rank0: bool, compare: bool) -> N
             (tensor.to_local() if hasattr(tensor, "to_local") else tensor).sum()
     peak = _status_bytes("VmHWM") - before
     worst = _compare(model, adapter, config, dist) if compare else None
-    record = torch.tensor([peak, seconds, -1.0 if worst is None else worst], dtype=torch.float64)
+    export_peak = _export(model, adapter, dist, export, shard_size) if export else -1
+    values = [peak, seconds, -1.0 if worst is None else worst, export_peak]
+    record = torch.tensor(values, dtype=torch.float64)
     records = [torch.zeros_like(record) for _ in range(dist.world_size)]
     if dist.world_size > 1:
         tdist.all_gather(records, record)
@@ -155,11 +167,31 @@ def probe(config_file: Path, out_json: Path, *, rank0: bool, compare: bool) -> N
             "peak_rss_bytes": [int(r[0]) for r in records],
             "seconds": [float(r[1]) for r in records],
             "max_abs_diff": None if worst is None else max(float(r[2]) for r in records),
+            "export_peak_rss_bytes": [int(r[3]) for r in records] if export else None,
         }
         out_json.write_text(json.dumps(result, indent=2) + "\n")
     if dist.world_size > 1:
         tdist.barrier()
         tdist.destroy_process_group()
+
+
+def _export(model: Any, adapter: Any, dist: Any, out_dir: Path, shard_size: str) -> int:
+    """Export ``model`` (streamed, as at the end of a run); this rank's peak RSS rise."""
+    from types import SimpleNamespace
+
+    import torch.distributed as tdist
+
+    from ..export import export_trained_model
+
+    trainer = SimpleNamespace(
+        model=model, unwrapped_model=model, dist=dist, adapter=adapter, assets=None
+    )
+    if dist.world_size > 1:
+        tdist.barrier()
+    _reset_peak()
+    before = _status_bytes("VmRSS")
+    export_trained_model(trainer, out_dir, max_shard_size=shard_size)
+    return _status_bytes("VmHWM") - before
 
 
 def _compare(model: Any, adapter: Any, config: Any, dist: Any) -> float:
@@ -199,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rank0", action="store_true", help="the rank-0 broadcast path")
     parser.add_argument("--compare", action="store_true", help="check against from_pretrained")
+    parser.add_argument("--export", type=Path, help="then export the model there (HF layout)")
     args = parser.parse_args(argv)
-    probe(args.config, args.out, rank0=args.rank0, compare=args.compare)
+    probe(args.config, args.out, rank0=args.rank0, compare=args.compare, export=args.export)
     # The record is written and every rank has left the group: skip the interpreter's
     # teardown, where a 4-rank run on 2 cores once aborted in a C++ destructor
     # ("terminate called without an active exception") after its work was done.
