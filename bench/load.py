@@ -25,7 +25,10 @@ def run(size: str = "full") -> Result:
         root = Path(tmp)
         checkpoint = root / "hf"
         nbytes = load_probe.write_random_checkpoint(checkpoint, target, max_shard_size="400MB")
-        result.params = {"checkpoint_bytes": nbytes, "files": len(list(checkpoint.glob("*.st*")))}
+        result.params = {
+            "checkpoint_bytes": nbytes,
+            "files": len(list(checkpoint.glob("*.safetensors"))),
+        }
         from hyper_core.config import dump_config, load_config_dict
 
         raw = load_probe.run_config(load_probe.model_section(checkpoint), root / "run")
