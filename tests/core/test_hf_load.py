@@ -100,3 +100,19 @@ def test_an_index_naming_a_missing_file_is_a_user_error(tmp_path: Path) -> None:
 def test_no_weights_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"\$\.model\.path: .* has no \*\.safetensors"):
         weight_files(tmp_path)
+
+
+def test_a_bf16_checkpoint_loads_into_fp32_parameters(tmp_path: Path) -> None:
+    """fp32 master weights from a bf16 checkpoint (the published Qwen and Kimi weights)."""
+    from safetensors import safe_open
+
+    path = _save(tmp_path)
+    reference = _reference(path)
+    bf16 = reference.to(torch.bfloat16)
+    bf16.save_pretrained(str(tmp_path / "bf16"))
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.norm.weight").dtype == torch.bfloat16
+    model = _load(tmp_path / "bf16")
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == torch.float32, name
+        assert torch.equal(tensor, bf16.state_dict()[name].float()), name
