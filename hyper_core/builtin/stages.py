@@ -63,8 +63,7 @@ def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
 @default
 def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
     """Activation checkpointing and ``[training] compile`` per sharding unit, then the
-    strategy; with
-    ``dist.sharded_load`` each rank then reads its shards from ``[model] path``."""
+    strategy; with ``dist.sharded_load`` each rank then reads its shards of ``[model] path``."""
     plan = adapter.parallel_plan(model)
     if config.training.activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing

@@ -34,6 +34,20 @@ if TYPE_CHECKING:
     from .env import DistEnv
 
 
+def plan_build(dist: DistEnv, strategy: Any, adapter: Any, model_config: Any) -> None:
+    """Set ``dist.meta_init`` (the strategy builds on meta and materialises, several ranks)
+    and ``dist.sharded_load`` (it also loads each rank's shards of ``[model] path`` itself,
+    when the adapter maps checkpoint names: :mod:`hyper_core.parallel.hf_load`)."""
+    dist.meta_init = bool(getattr(strategy, "meta_init", False)) and dist.world_size > 1
+    dist.sharded_load = (
+        dist.meta_init
+        and bool(getattr(strategy, "loads_shards", False))
+        and model_config.path is not None
+        and hasattr(adapter, "checkpoint_conversions")
+        and hasattr(adapter, "check_weights")
+    )
+
+
 def build_device(dist: DistEnv) -> str:
     """Where this rank builds the model: ``"cpu"`` (rank 0, or one process) or ``"meta"``
     (the other ranks; every rank when it loads its own shards)."""

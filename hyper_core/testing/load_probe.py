@@ -116,6 +116,7 @@ def probe(
 
     from ..builtin.resolve import resolve_adapter, resolve_strategy
     from ..config import load_config
+    from ..parallel.materialize import plan_build
     from ..plugins import get_plugin_host
 
     host = get_plugin_host()
@@ -123,8 +124,8 @@ def probe(
     dist = host.call_stage("setup_distributed", config=config)
     adapter = resolve_adapter(config.model, host.registries)
     strategy = resolve_strategy(config, host.registries)
-    dist.meta_init = strategy.meta_init and dist.world_size > 1
-    dist.sharded_load = dist.meta_init and strategy.loads_shards and not rank0
+    plan_build(dist, strategy, adapter, config.model)  # as the trainer does
+    dist.sharded_load = dist.sharded_load and not rank0
     # Import the model's modules first: their memory is not the load's.
     adapter.build_model(config.model, device="meta")
     if dist.world_size > 1:

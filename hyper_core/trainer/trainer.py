@@ -109,6 +109,7 @@ class Trainer:
 
     def _setup(self) -> None:
         from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
+        from ..parallel.materialize import plan_build
 
         cfg = self.config
         self.dist = self._stage("setup_distributed", config=cfg)
@@ -116,17 +117,9 @@ class Trainer:
         self.adapter = resolve_adapter(cfg.model, self.registries)
         self.strategy = resolve_strategy(cfg, self.registries)
         self._build_callbacks()
-        # Rank 0 builds the model in full, the others on meta, when the strategy broadcasts it.
-        meta_init = bool(getattr(self.strategy, "meta_init", False))
-        self.dist.meta_init = meta_init and self.dist.world_size > 1
-        # ...or every rank on meta, each reading its own shards of [model] path.
-        self.dist.sharded_load = (
-            self.dist.meta_init
-            and bool(getattr(self.strategy, "loads_shards", False))
-            and cfg.model.path is not None
-            and hasattr(self.adapter, "checkpoint_conversions")
-            and hasattr(self.adapter, "check_weights")
-        )
+        # Rank 0 builds the model in full and the others on meta when the strategy broadcasts
+        # it; every rank on meta when each reads its own shards of [model] path.
+        plan_build(self.dist, self.strategy, self.adapter, cfg.model)
         self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
         self.model = self._stage(
             "parallelize_model",
