@@ -24,8 +24,8 @@ _CHILD = r"""
 import json, re, sys, time
 from pathlib import Path
 import torch
-from hyper_core.training.chunked_loss import chunked_causal_lm_loss
-from hyper_core.training.loss import causal_lm_loss
+from hyper_core.step.chunked_loss import chunked_causal_lm_loss
+from hyper_core.step.loss import causal_lm_loss
 
 variant, tokens, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 hidden_size, vocab = 896, 151_936

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from .config import Config
     from .parallel.base import ParallelStrategy
     from .registry import Registries
+    from .step.lockstep import Lockstep
     from .trainer.evaluate import Evaluator
     from .trainer.trainer import Trainer
-    from .training.lockstep import Lockstep
     from .types import (
         Checkpointer,
         Collate,
@@ -358,7 +358,7 @@ def build_evaluator(
     calls it). The default, :class:`~hyper_core.trainer.evaluate.DefaultEvaluator`, computes
     ``eval_loss`` with ``loss_fn`` (the same normalisation as training), ``perplexity``,
     ``token_accuracy``, exact match per question type and ``eval_generate_samples``; it runs
-    its forwards through ``lockstep`` (:class:`~hyper_core.training.lockstep.Lockstep`) so that
+    its forwards through ``lockstep`` (:class:`~hyper_core.step.lockstep.Lockstep`) so that
     every rank runs as many as the others. A ``samples`` entry is written to
     ``eval_samples.jsonl``. ``get_batch`` is the run's, with the label positions marked first
     when the model computes logits only there (as in training; see ``build_loss``).

@@ -121,7 +121,7 @@ class ModelAdapter:
 
     #: The model computes logits only where labels are when its ``forward`` is given
     #: ``logits_to_keep`` as a ``(batch, seq)`` boolean mask (transformers ≥ 5 models do; see
-    #: :mod:`hyper_core.training.label_positions`). False for a model whose head or loss needs
+    #: :mod:`hyper_core.step.label_positions`). False for a model whose head or loss needs
     #: every position.
     logits_at_labels_only: ClassVar[bool] = False
 

@@ -87,7 +87,7 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
 @default
 def build_loss(config: Any, adapter: Any) -> Any:
     """The adapter's ``loss_fn`` if it has one, else the causal-LM loss."""
-    from ..training.loss import causal_lm_loss
+    from ..step.loss import causal_lm_loss
 
     return getattr(adapter, "loss_fn", None) or causal_lm_loss
 
@@ -232,7 +232,7 @@ def compute_train_iters(config: Any, dataloaders: Any, dist: Any) -> Any:
 @default
 def build_optimizer(config: Any, model: Any) -> Any:
     """AdamW (no weight decay on 1-D parameters with ``no_decay_1d``)."""
-    from ..training.optim import build_adamw
+    from ..step.optim import build_adamw
 
     return build_adamw(model, config.training)
 
@@ -240,7 +240,7 @@ def build_optimizer(config: Any, model: Any) -> Any:
 @default
 def build_lr_scheduler(config: Any, optimizer: Any, train_iters: int) -> Any:
     """Linear warmup, then constant, linear or cosine decay to ``min_lr_ratio``."""
-    from ..training.optim import build_scheduler
+    from ..step.optim import build_scheduler
 
     return build_scheduler(optimizer, config.training, train_iters)
 

@@ -45,7 +45,7 @@ class FSDP2(ParallelStrategy):
         parameters stay in the weights' dtype, fp32 master weights by default)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from ..training.precision import fsdp_precision
+        from ..step.precision import fsdp_precision
 
         mp = fsdp_precision(self.parallel, self.training)
         return MixedPrecisionPolicy(

@@ -306,8 +306,8 @@ def check_label_positions(t: AdapterUnderTest) -> str:
     adapter sets ``logits_at_labels_only``), and the chunked cross-entropy on them (LM head
     per chunk, recomputed in backward): the same loss and gradients as logits everywhere
     (1e-5), packed and padded."""
-    from ..training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
-    from ..training.label_positions import keep_label_positions, supports_label_positions
+    from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
+    from ..step.label_positions import keep_label_positions, supports_label_positions
 
     model = t.build_model()
     if not supports_label_positions(t.adapter, model):

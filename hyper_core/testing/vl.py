@@ -91,7 +91,7 @@ def loss_of(
 
     ``forward_kwargs`` default to the training ones (``use_cache=False``).
     """
-    from ..training.loss import causal_lm_loss
+    from ..step.loss import causal_lm_loss
 
     kwargs = {"use_cache": False} if forward_kwargs is None else forward_kwargs
     outputs = model(**mb.model_inputs, **kwargs)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..parallel.env import DistEnv
-    from ..training.lockstep import Lockstep
+    from ..step.lockstep import Lockstep
     from .metrics import MetricsWriter
 
 #: Answers may run this many tokens past their reference's length.
@@ -161,7 +161,7 @@ class _Stats:
     ) -> None:
         import torch
 
-        from ..training.label_positions import full_labels, full_predictions
+        from ..step.label_positions import full_labels, full_predictions
 
         labels = full_labels(loss_inputs["labels"], loss_inputs)
         mask = labels != -100

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
-from ..training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
-from ..training.label_positions import keep_label_positions, supports_label_positions
-from ..training.lockstep import Lockstep
-from ..training.loss import causal_lm_loss
-from ..training.precision import warn_pure_bf16
+from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
+from ..step.label_positions import keep_label_positions, supports_label_positions
+from ..step.lockstep import Lockstep
+from ..step.loss import causal_lm_loss
+from ..step.precision import warn_pure_bf16
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .peak_flops import compute_dtype, device_peak_flops
 from .state import TrainState

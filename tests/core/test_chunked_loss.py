@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from hyper_core.batching.types import IGNORE_INDEX
+from hyper_core.step import chunked_loss
+from hyper_core.step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
+from hyper_core.step.loss import causal_lm_loss
 from hyper_core.testing import run_tiny_training, tiny_text_config
-from hyper_core.training import chunked_loss
-from hyper_core.training.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
-from hyper_core.training.loss import causal_lm_loss
 
 
 class _Outputs:

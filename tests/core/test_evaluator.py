@@ -18,6 +18,8 @@ import torch
 from hyper_core.checkpoint import Checkpointer, read_extra_state
 from hyper_core.data.text_demo import ensure_text_demo
 from hyper_core.hookspecs import hookimpl
+from hyper_core.step.loss import causal_lm_loss
+from hyper_core.step.optim import build_adamw, build_scheduler
 from hyper_core.testing import (
     TinyRun,
     isolated_host,
@@ -25,8 +27,6 @@ from hyper_core.testing import (
     run_tiny_training,
     tiny_text_config,
 )
-from hyper_core.training.loss import causal_lm_loss
-from hyper_core.training.optim import build_adamw, build_scheduler
 
 
 class DoubleLoss:

@@ -14,7 +14,7 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 
 from hyper_core.parallel.env import DistEnv
-from hyper_core.training.lockstep import Lockstep, NoFillerError
+from hyper_core.step.lockstep import Lockstep, NoFillerError
 
 #: Each rank's micro-batches, step by step: rank 1 has fewer, then none, then more.
 STEPS = {0: [["a0", "a1", "a2"], ["b0"], ["c0"]], 1: [["x0"], [], ["z0", "z1"]]}

@@ -85,7 +85,7 @@ def test_rounded_away_fraction_counts_trainable_bf16_entries() -> None:
     import torch
 
     from hyper_core.parallel.env import DistEnv
-    from hyper_core.training.precision import rounded_away_fraction
+    from hyper_core.step.precision import rounded_away_fraction
 
     model = torch.nn.Linear(4, 1, bias=True).to(torch.bfloat16)
     with torch.no_grad():

@@ -73,7 +73,7 @@ def test_metrics_have_the_documented_keys(tmp_path: Path) -> None:
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:
-    from hyper_core.training.optim import lr_factor
+    from hyper_core.step.optim import lr_factor
 
     f = [lr_factor(s, kind="cosine", warmup=10, total=110, min_ratio=0.1) for s in range(111)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)

@@ -85,7 +85,7 @@ def _batch(family: str, image_dir: Path) -> tuple[Any, Any, dict[str, Any], dict
 
 
 def _loss_and_grads(model: Any, inputs: dict[str, Any], loss_inputs: Any, n: int) -> Any:
-    from hyper_core.training.loss import causal_lm_loss
+    from hyper_core.step.loss import causal_lm_loss
 
     model.zero_grad(set_to_none=True)
     loss, _ = causal_lm_loss(model(**inputs, use_cache=False), loss_inputs, n)
@@ -120,7 +120,7 @@ def test_features_from_separate_calls_reproduce_the_forward(family: str, tmp_pat
     injected = adapter.inject_vision_outputs(inputs, rebuilt)
     assert "pixel_values" not in injected and "image_grid_thw" in injected
 
-    from hyper_core.training.loss import causal_lm_loss
+    from hyper_core.step.loss import causal_lm_loss
 
     model.zero_grad(set_to_none=True)
     loss, _ = causal_lm_loss(model(**injected, use_cache=False), loss_inputs, n_tokens)

@@ -104,7 +104,7 @@ def test_packed_equals_unpacked(
     with torch.no_grad():
         mb = micro_batch(feats, "packed")
         outputs = tiny_model(**mb.model_inputs)
-    from hyper_core.training.loss import causal_lm_loss
+    from hyper_core.step.loss import causal_lm_loss
 
     leaky, _ = causal_lm_loss(outputs, mb.loss_inputs, n_loss)
     assert abs(leaky.item() - packed[0]) > 1e-4

@@ -134,7 +134,7 @@ class Precision:
         """From ``[model] dtype``, ``[training] mixed_precision`` and, when the parameters are
         sharded (FSDP2 on several ranks), FSDP2's dtypes as the run resolves them (under
         ``mixed_precision = "bf16"``: bf16 gather, fp32 reduction unless set)."""
-        from hyper_core.training.precision import fsdp_precision
+        from hyper_core.step.precision import fsdp_precision
 
         weight = _DTYPE_BYTES[config.model.dtype]
         mp = fsdp_precision(config.parallel, config.training)

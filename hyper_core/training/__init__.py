@@ -1,1 +1,0 @@
-"""Loss, optimizer and LR schedules used by the default build stages."""
