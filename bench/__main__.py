@@ -20,6 +20,7 @@ BENCHMARKS = (
     "load",
     "loss",
     "data",
+    "moe",
 )
 
 

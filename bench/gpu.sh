@@ -6,6 +6,9 @@
 #
 #   bash bench/gpu.sh                  # PYTHON: a python with a CUDA build of torch (default python3)
 #   WHEELS=dir bash bench/gpu.sh       # an offline machine: install hyper-train's deps from dir
+#   bash bench/gpu.sh moe              # the MoE case: a Qwen3-VL-30B-A3B-shaped text model cut to
+#                                      # 8 layers (128 experts, top 8) on NPROC GPUs (default 1),
+#                                      # expert parallel over all of them (ep = NPROC) when NPROC > 1
 #
 # It refuses to run (exit 2) without a CUDA device, never installs torch (a build that does not
 # match the driver would fall back to CPU or fail late), and writes no final checkpoint.
@@ -28,6 +31,18 @@ pip=(.venv-gpu/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e . -e adapters/qwen-vl
 .venv-gpu/bin/python -c "import torch; assert torch.cuda.is_available(), 'the venv lost CUDA torch'"
 out=$(mktemp -d)
+if [ "${1:-dense}" = moe ]; then
+  nproc=${NPROC:-1}
+  moe='{text_config = {hidden_size = 2048, intermediate_size = 6144, moe_intermediate_size = 768, num_hidden_layers = 8, num_attention_heads = 32, num_key_value_heads = 4, head_dim = 128, num_experts = 128, num_experts_per_tok = 8, vocab_size = 151936}, vision_config = {hidden_size = 1152, intermediate_size = 4304, depth = 4, num_heads = 16, out_hidden_size = 2048}}'
+  timeout 900 .venv-gpu/bin/hyper-train run configs/qwen2_5_vl_demo.toml --nproc-per-node "$nproc" \
+    --run.output_dir="$out" --model.adapter=qwen3_vl_moe --model.config=tiny --model.dtype=float32 \
+    "--model.hf_overrides=$moe" --parallel.strategy=fsdp2 "--parallel.ep=$nproc" \
+    --training.mixed_precision=bf16 --training.activation_checkpointing=true \
+    --training.steps=30 "--training.global_batch_size=$((8 * nproc))" --training.micro_batch_size=8 \
+    --data.train='{format = "shapes", num_samples = 2000, image_size = 448}' --data.num_workers=4 \
+    --data.max_seq_len=8192 --logging.every_steps=10 --logging.progress=lines \
+    --checkpoint.resume=none --checkpoint.save_final=false
+else
 # 3B shape: text 2048 x 36 layers (16 heads, 2 KV), MLP 11008; vision 1280 x 32, out 2048.
 overrides='{text_config = {hidden_size = 2048, intermediate_size = 11008, num_hidden_layers = 36, num_attention_heads = 16, num_key_value_heads = 2, rope_parameters = {rope_type = "default", rope_theta = 1000000.0, mrope_section = [16, 24, 24]}}, vision_config = {hidden_size = 1280, intermediate_size = 3420, depth = 32, num_heads = 16, out_hidden_size = 2048}}'
 timeout 900 .venv-gpu/bin/hyper-train run configs/qwen2_5_vl_demo.toml \
@@ -39,10 +54,11 @@ timeout 900 .venv-gpu/bin/hyper-train run configs/qwen2_5_vl_demo.toml \
   --data.train='{format = "shapes", num_samples = 1000, image_size = 448}' --data.num_workers=4 \
   --data.max_seq_len=8192 --logging.every_steps=10 --logging.progress=lines \
   --checkpoint.resume=none --checkpoint.save_final=false
+fi
 .venv-gpu/bin/python - "$out" "$device" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if '"loss"' in l]
 last = rows[-1]
-keys = ("step", "tokens_per_s", "mfu", "mem_peak_mib", "loss")
+keys = ("step", "tokens_per_s", "mfu", "mem_peak_mib", "loss", "moe/ep_load_max", "moe/a2a_rows_per_step")
 print(json.dumps({"device": sys.argv[2], **{k: last.get(k) for k in keys}}))
 PY

@@ -212,7 +212,12 @@ def docstring_example(name: str) -> str | None:
     return textwrap.dedent(rest).strip() if found else None
 
 
-for _name in hookspecs.REGISTRATION_HOOKS + hookspecs.BUILD_STAGES + hookspecs.LIFECYCLE_EVENTS:
+for _name in (
+    hookspecs.REGISTRATION_HOOKS
+    + hookspecs.BUILD_STAGES
+    + hookspecs.LIFECYCLE_EVENTS
+    + hookspecs.COMMAND_HOOKS
+):
     _example = docstring_example(_name)
     if _example is not None:  # the docstring's example is the one shown
         EXAMPLES[_name] = _example
@@ -233,6 +238,12 @@ _SECTIONS = (
         "Lifecycle events",
         hookspecs.LIFECYCLE_EVENTS,
         "Every implementation runs; return values are ignored.",
+    ),
+    (
+        "Command hooks",
+        hookspecs.COMMAND_HOOKS,
+        "Called by a `hyper-train` subcommand, outside a run; `firstresult` (the first non-None "
+        "result wins; the core's behaviour when there is none).",
     ),
 )
 

@@ -24,6 +24,20 @@ if TYPE_CHECKING:
 
 Tensors = dict[str, "torch.Tensor"]
 
+#: ``hyper-train export --dtype`` choices besides ``auto`` (:func:`export_dtype`).
+EXPORT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+@attrs.frozen(kw_only=True)
+class ExportOptions:
+    """The options of ``hyper-train export`` (hook ``export_checkpoint``): the largest shard
+    (bytes; None: 5GB), the ``--dtype`` choice, and ``--merge`` (write adapters merged into
+    the base model)."""
+
+    max_shard_size: int | None = None
+    dtype: str = "auto"
+    merge: bool = False
+
 
 @attrs.frozen
 class CheckpointLayout:
@@ -82,6 +96,40 @@ def hf_layout(model_cls: Any, hf_config: Any) -> CheckpointLayout:
     return CheckpointLayout(convert=convert, save_config=save_config)
 
 
+def export_dtype(choice: str, adapter: Any, model_config: Any) -> torch.dtype:
+    """The dtype an export writes: ``bf16``/``fp32``/``fp16``, or for ``auto`` the dtype in
+    ``[model] path``'s config.json, else ``[model] dtype`` (so fp32 master weights trained from
+    a bf16 checkpoint are written in bf16)."""
+    import torch
+
+    if choice != "auto":
+        return getattr(torch, EXPORT_DTYPES[choice])
+    source = adapter.hf_config(model_config).dtype if model_config.path is not None else None
+    if isinstance(source, str):
+        source = getattr(torch, source, None)
+    if isinstance(source, torch.dtype) and source.is_floating_point:
+        return source
+    return getattr(torch, model_config.dtype)
+
+
+def layout_for(adapter: Any, hf_config: Any, dtype: torch.dtype | None = None) -> CheckpointLayout:
+    """``adapter.checkpoint_layout`` of ``hf_config``, its config.json saying ``dtype`` when
+    given (on a copy: the model's own config is left as it is)."""
+    if dtype is not None:
+        import copy
+
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.dtype = dtype  # the layout's meta shell, and so config.json, follow it
+    return adapter.checkpoint_layout(hf_config)
+
+
+def _cast(group: Tensors, dtype: torch.dtype | None) -> Tensors:
+    """Floating-point tensors of ``group`` in ``dtype`` (integer buffers keep theirs)."""
+    if dtype is None:
+        return group
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in group.items()}
+
+
 def write_hf_export(
     layout: CheckpointLayout,
     groups: Iterable[Tensors],
@@ -90,10 +138,12 @@ def write_hf_export(
     num_groups: int,
     assets: Any = None,
     max_shard_size: str | int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[Path]:
     """Convert and write ``groups`` one at a time, then config and assets (one process).
 
-    ``max_shard_size`` defaults to :data:`MAX_SHARD_SIZE` (``save_pretrained``'s "5GB").
+    ``max_shard_size`` defaults to :data:`MAX_SHARD_SIZE` (``save_pretrained``'s "5GB");
+    ``dtype`` casts floating-point tensors (None: as they come).
     """
     log = logging.getLogger("hyper_train")
     out = Path(out_dir)
@@ -101,7 +151,7 @@ def write_hf_export(
     writer = ShardedSafetensorsWriter(out, max_shard_size=limit, logger=log)
     for i, group in enumerate(groups, 1):
         writer.progress = f"{i}/{num_groups} groups"
-        writer.add(layout.convert(group))
+        writer.add(layout.convert(_cast(group, dtype)))
         del group
     files = writer.close()
     layout.save_config(out)
@@ -161,7 +211,8 @@ def _gathered_groups(
 ) -> Iterator[Tensors]:
     """Each group's full tensors on the CPU where ``keep`` (rank 0), ``{}`` elsewhere.
 
-    ``DTensor.full_tensor`` is a collective: every rank walks the same keys in the same order.
+    Gathering is collective: every rank walks the same keys in the same order, and only rank 0
+    ever holds a whole tensor (:func:`_gather_to_main`).
     """
     from torch.distributed.tensor import DTensor
 
@@ -170,18 +221,66 @@ def _gathered_groups(
         for key in keys:
             tensor = state[key]
             if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
-            if keep:
+                tensor = _gather_to_main(tensor)
+            if keep and tensor is not None:
                 out[key] = tensor.detach().to("cpu")
             del tensor
         yield out
 
 
+def _gather_to_main(tensor: Any) -> torch.Tensor | None:
+    """A DTensor's full value on global rank 0, None elsewhere (a collective).
+
+    Row shards (``Shard(0)``, FSDP2; replicated over other mesh dims, HSDP) are gathered to
+    rank 0 within the shard group that holds it, so no other rank materializes the whole
+    tensor; other layouts fall back to ``full_tensor`` (an all-gather on every rank).
+    """
+    import torch.distributed as tdist
+    from torch.distributed.tensor import Replicate, Shard
+
+    main = tdist.get_rank() == 0
+    mesh, placements = tensor.device_mesh, tensor.placements
+    sharded = [i for i, p in enumerate(placements) if not isinstance(p, Replicate)]
+    first = placements[sharded[0]] if len(sharded) == 1 else None
+    rows_only = type(first) is Shard and first.dim == 0  # not _StridedShard, not Partial
+    if not rows_only or not tensor.numel():
+        full = tensor.full_tensor()
+        return full if main else None
+    dim = sharded[0]
+    where = (mesh.mesh == 0).nonzero()
+    if not len(where):  # a mesh without rank 0 (e.g. another expert group's): not written
+        return None
+    main_at = [int(i) for i in where[0]]
+    mine = mesh.get_coordinate()
+    if mine is None or any(c != main_at[d] for d, c in enumerate(mine) if d != dim):
+        return None  # a replica group without rank 0: its copy is not needed
+    world = mesh.size(dim)
+    rows = tensor.shape[0]
+    chunk = -(-rows // world)  # torch.chunk's split, which Shard(0) uses
+    local = tensor.to_local()
+    if local.shape[0] != chunk:  # the last shards may be short or empty
+        padded = local.new_zeros((chunk, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        local = padded
+    local = local.contiguous()
+    group, group_dst = mesh.get_group(dim), main_at[dim]
+    if not main:
+        tdist.gather(local, None, group=group, group_dst=group_dst)
+        return None
+    out = local.new_empty((chunk * world, *local.shape[1:]))
+    tdist.gather(local, list(out.chunk(world)), group=group, group_dst=group_dst)
+    return out[:rows] if rows != out.shape[0] else out
+
+
 def export_trained_model(
-    trainer: Any, out_dir: Path, *, max_shard_size: str | int | None = None
+    trainer: Any,
+    out_dir: Path,
+    *,
+    max_shard_size: str | int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Path | None:
     """``[checkpoint] export_hf``: stream the trained weights into ``out_dir`` (rank 0 writes;
-    it holds one group and one shard at a time)."""
+    it holds one group and one shard at a time), in ``dtype`` (None: the parameters')."""
     import time
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -194,7 +293,7 @@ def export_trained_model(
     gathered = _gathered_groups(state, groups, keep=main)
     written = None
     if main:
-        layout = trainer.adapter.checkpoint_layout(trainer.unwrapped_model.config)
+        layout = layout_for(trainer.adapter, trainer.unwrapped_model.config, dtype)
         write_hf_export(
             layout,
             gathered,
@@ -202,6 +301,7 @@ def export_trained_model(
             num_groups=len(groups),
             assets=trainer.assets,
             max_shard_size=max_shard_size,
+            dtype=dtype,
         )
         write_export_record(out_dir, trainer.adapter.name)
         written = out_dir
@@ -215,6 +315,35 @@ def export_trained_model(
     return written
 
 
+def export_at_end(trainer: Any, out_dir: Path) -> Path | None:
+    """``[checkpoint] export_hf`` when training ends: a plugin's ``export_checkpoint`` hook of
+    the final checkpoint, as ``hyper-train export`` (rank 0; e.g. a LoRA run's PEFT adapter
+    directory), else the trained weights streamed in the Hugging Face layout
+    (:func:`export_trained_model`, all ranks) in ``[checkpoint] export_dtype``."""
+    import torch
+
+    config = trainer.config
+    choice = config.checkpoint.export_dtype
+    step = trainer.state.global_step
+    checkpointer = trainer.checkpointer
+    written = None
+    if trainer.dist.is_main and checkpointer.last_saved_step == step:
+        written = trainer.host.call_stage(
+            "export_checkpoint",
+            config=config,
+            registries=trainer.registries,
+            checkpoint=checkpointer.root / f"step-{step}",
+            out_dir=out_dir,
+            options=ExportOptions(dtype=choice),
+        )
+    if trainer.dist.any_true(written is not None):  # every rank agrees: a plugin wrote it
+        if written is not None:
+            logging.getLogger("hyper_train").info("exported the model to %s", written)
+        return written
+    dtype = None if choice == "auto" else getattr(torch, EXPORT_DTYPES[choice])
+    return export_trained_model(trainer, out_dir, dtype=dtype)
+
+
 def export_checkpoint(
     config: Any,
     host: Any,
@@ -222,12 +351,13 @@ def export_checkpoint(
     out_dir: Path,
     *,
     max_shard_size: str | int | None = None,
+    dtype: str = "auto",
 ) -> Path:
     """Write a DCP checkpoint's model (saved on any number of ranks) as HF, one process.
 
     The model is built on meta for names, shapes and dtypes only; each group is loaded from the
-    checkpoint on its own (DCP reads just the keys asked for), written and freed. Weights at
-    ``[model] path`` are not read.
+    checkpoint on its own (DCP reads just the keys asked for), cast to ``dtype``
+    (:func:`export_dtype`), written and freed. Weights at ``[model] path`` are not read.
     """
     import warnings
 
@@ -267,13 +397,15 @@ def export_checkpoint(
             dcp.load({"model": part}, checkpoint_id=str(checkpoint), no_dist=True)
         return {k: part[source[k]] for k in keys}
 
+    target = export_dtype(dtype, adapter, config.model)
     write_hf_export(
-        adapter.checkpoint_layout(model.config),
+        layout_for(adapter, model.config, target),
         (load(keys) for keys in groups),
         out_dir,
         num_groups=len(groups),
         assets=adapter.build_assets(config.model),
         max_shard_size=max_shard_size,
+        dtype=target,
     )
     write_export_record(out_dir, adapter.name)
     return out_dir

@@ -1,6 +1,7 @@
 """Hook specifications: the whole plugin API of hyper-train.
 
-Three kinds of hook, called by the trainer in a fixed order (see ``docs/architecture.md``):
+Four kinds of hook; the trainer calls the first three in a fixed order (see
+``docs/architecture.md``):
 
 * **Registration** hooks run once per process when plugins load. Each receives a ``register``
   callback; they must be cheap and import neither torch nor transformers (register lazy
@@ -12,6 +13,8 @@ Three kinds of hook, called by the trainer in a fixed order (see ``docs/architec
   exception is ``build_callbacks``, which collects every plugin's per-run object: a plugin
   keeps the state of one run on that object, which receives the rest of the run's hooks.
 * **Lifecycle events** run every implementation; their return values are ignored.
+* **Command hooks** are called by a ``hyper-train`` subcommand outside a run (``firstresult``,
+  the core's behaviour when every implementation returns ``None``).
 
 All hooks are called with keyword arguments; an implementation may accept any subset of a
 hook's parameters. The types of the parameters and results (value objects and
@@ -25,11 +28,14 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from .adapters.base import ModelAdapter
     from .batching.base import BatchingRuntime
     from .config import Config
+    from .export import ExportOptions
     from .parallel.base import ParallelStrategy
     from .registry import Registries
     from .step.lockstep import Lockstep
@@ -104,6 +110,9 @@ REGISTRATION_HOOKS: tuple[str, ...] = (
     "register_config_sections",
     "register_commands",
 )
+
+#: Hooks a ``hyper-train`` subcommand calls (outside a run).
+COMMAND_HOOKS: tuple[str, ...] = ("export_checkpoint",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,7 +294,9 @@ def build_collate_fn(
     """Return ``collate(features: list[SampleFeatures]) -> list[MicroBatch]``.
 
     The list holds one rank's samples for one optimizer step; the result is that step's
-    micro-batches, built by the batching ``runtime``.
+    micro-batches, built by the batching ``runtime``. The default honours ``[data]
+    max_tokens_per_micro_batch`` (:class:`~hyper_core.batching.token_budget.TokenBudgetCollate`);
+    a replacement that ignores it gets fixed-size micro-batches.
     """
 
 
@@ -519,4 +530,39 @@ def on_train_error(trainer: Trainer, state: TrainState, exc: BaseException) -> N
     """The run failed with ``exc``. The original exception propagates after this hook.
 
     An exception raised by an implementation is logged, never raised over ``exc``.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Command hooks (firstresult)
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def export_checkpoint(
+    config: Config,
+    registries: Registries,
+    checkpoint: Path,
+    out_dir: Path,
+    options: ExportOptions,
+) -> Path | None:
+    """Write the checkpoint of a run as a model others can load (``hyper-train export``, and
+    ``[checkpoint] export_hf`` on rank 0 with the run's final checkpoint).
+
+    ``checkpoint`` is the resolved ``checkpoints/step-N`` folder, ``config`` the run's config,
+    ``options`` the command's :class:`~hyper_core.export.ExportOptions` (``max_shard_size``,
+    ``dtype``, ``merge``; at the end of a run ``dtype`` is ``[checkpoint] export_dtype``).
+    Return the directory written, or ``None`` to leave the checkpoint to the next
+    implementation. Without one the core writes the full model in the Hugging Face layout
+    (:func:`hyper_core.export.export_checkpoint`); a plugin whose runs checkpoint something
+    else (e.g. only adapters, as ``hyper-train-peft``) writes its own format here.
+
+    Example::
+
+        @hookimpl
+        def export_checkpoint(config, checkpoint, out_dir, options):
+            if not config.section("my_plugin").enabled:
+                return None  # the core writes the full model
+            write_my_format(checkpoint, out_dir)  # e.g. only the weights the plugin trained
+            return out_dir
     """

@@ -45,6 +45,9 @@ class ParallelPlan:
     #: Dotted module paths; ``*`` matches one path component (``model.layers.*``).
     sharding_units: tuple[str, ...]
     vision_encoder: VisionEncoderSpec | None = None
+    #: The MoE blocks whose routed experts ``[parallel] ep > 1`` shares out; the core's
+    #: ``parallelize_model`` stage fills it from :meth:`MoEAdapter.moe_blocks`.
+    moe_blocks: tuple[MoEBlock, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +101,27 @@ class ModelAdapter:
     default_batching: ClassVar[str] = "packed"
     #: Named configs for ``[model] config = NAME`` (random init): name -> HF config kwargs.
     named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: The attrs class of this adapter's ``[model.options]`` (e.g. processor settings such as
+    #: a tile size), validated with the config; None: the adapter takes no options.
+    options: ClassVar[type | None] = None
+
+    @classmethod
+    def parse_options(cls, model_config: ModelConfig) -> Any:
+        """``[model.options]`` as an instance of :attr:`options` (None when the adapter declares
+        none); a :class:`~hyper_core.errors.ConfigError` naming ``$.model.options.KEY`` when
+        they do not fit. Needs no torch (``config validate`` calls it)."""
+        from ..config.converter import converter
+        from ..errors import ConfigError
+
+        raw = dict(model_config.options)
+        if cls.options is None:
+            if raw:
+                keys = ", ".join(sorted(raw))
+                raise ConfigError(
+                    [("$.model.options", f"adapter {cls.name!r} takes no options (got {keys})")]
+                )
+            return None
+        return converter.structure_at(raw, cls.options, "$.model.options")
 
     # -- model --------------------------------------------------------------------------------
 

@@ -28,9 +28,12 @@ from .base import FlopsCount, ModelAdapter, ParallelPlan, VisionEncoderSpec
 if TYPE_CHECKING:
     import torch
 
-    from ..batching.types import MicroBatch
+    from ..batching.types import MicroBatch, SampleFeatures
     from ..config import ModelConfig
+    from ..data.chat import ChatFormat
+    from ..data.multimodal import MultimodalTokens
     from ..export import CheckpointLayout
+    from .base import ModelAssets
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -85,6 +88,15 @@ def match_modules(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str
                 names.append(name)
                 break
     return names
+
+
+def has_submodule(model: torch.nn.Module, path: str) -> bool:
+    """Whether ``model`` has a submodule at the dotted ``path``."""
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def count_params(module: torch.nn.Module, *, exclude_embeddings: bool = True) -> int:
@@ -148,6 +160,8 @@ class HFModelAdapter(ModelAdapter):
     language_module: ClassVar[str] = ""
     vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
     logits_at_labels_only: ClassVar[bool] = True
+    #: How the default :meth:`transform` renders conversations (set by VL adapters).
+    chat_format: ClassVar[ChatFormat | None] = None
 
     # -- config -------------------------------------------------------------------------------
 
@@ -295,6 +309,31 @@ class HFModelAdapter(ModelAdapter):
             vision = VisionEncoderSpec(module=self.vision_module, input_keys=self.vision_input_keys)
         return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
 
+    # -- data -------------------------------------------------------------------------------
+
+    def transform(
+        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
+    ) -> SampleFeatures:
+        """Raw sample → :class:`SampleFeatures` through the core's multimodal transform
+        (:func:`~hyper_core.data.multimodal.tokenize_multimodal` with :attr:`chat_format` and
+        ``assets.processor``) plus :meth:`sample_fields`; ``SampleError``
+        ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
+        from ..data.multimodal import tokenize_multimodal
+
+        if self.chat_format is None:
+            raise NotImplementedError(
+                f"adapter {self.name!r}: set chat_format (a VL adapter) or override transform"
+            )
+        tok = tokenize_multimodal(
+            sample, assets.processor, self.chat_format, max_seq_len=max_seq_len
+        )
+        return tok.features(sample, **self.sample_fields(tok, assets))
+
+    def sample_fields(self, tokens: MultimodalTokens, assets: ModelAssets) -> dict[str, Any]:
+        """Model-specific :class:`SampleFeatures` fields of one tokenised sample
+        (``position_ids``, ``token_fields``) for the default :meth:`transform`; none here."""
+        return {}
+
     # -- vision encoder (encoder parallelism), transformers' VL conventions -----------------
 
     def vision_filler(self, assets: Any) -> Any:
@@ -325,7 +364,8 @@ class HFModelAdapter(ModelAdapter):
         grid = model_inputs.get("image_grid_thw")
         if pixel_values is None or grid is None or not len(grid):
             return []
-        chunks = pixel_values.split([int(n) for n in grid.prod(dim=-1)], dim=0)
+        # one device-to-host copy for all images (``int`` per image waits once per image)
+        chunks = pixel_values.split(grid.prod(dim=-1).tolist(), dim=0)
         return [
             {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}
             for i, chunk in enumerate(chunks)

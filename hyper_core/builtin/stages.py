@@ -65,6 +65,10 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
     """Activation checkpointing and ``[training] compile`` per sharding unit, then the
     strategy; with ``dist.sharded_load`` each rank then reads its shards of ``[model] path``."""
     plan = adapter.parallel_plan(model)
+    if config.parallel.ep > 1:
+        from ..parallel.expert_parallel import expert_parallel_plan
+
+        plan = expert_parallel_plan(plan, model, adapter, strategy, dist, config.parallel.ep)
     if config.training.activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing
 
@@ -178,13 +182,20 @@ def build_dataset(config: Any, transform: Any, dist: Any, registries: Any) -> An
 
 @default
 def build_collate_fn(config: Any, runtime: Any, assets: Any) -> Any:
-    """The batching runtime's ``collate``."""
-    return runtime.collate
+    """The batching runtime's ``collate``; with ``[data] max_tokens_per_micro_batch``, its
+    micro-batches filled up to that many tokens (packed batching only)."""
+    budget = config.data.max_tokens_per_micro_batch
+    if budget is None:
+        return runtime.collate
+    from ..batching.token_budget import TokenBudgetCollate
+
+    return TokenBudgetCollate(runtime, budget)
 
 
 @default
 def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> Any:
-    """A resumable, rank-sharded step loader for train; a single-pass loader for eval."""
+    """A resumable, rank-sharded step loader for train (its steps shared among the ranks by
+    tokens with ``[data] max_tokens_per_micro_batch``); a single-pass loader for eval."""
     from ..data.loader import StepLoader, StepSampler
     from ..trainer.trainer import check_batch_sizes
     from ..types import DataLoaders
@@ -192,7 +203,7 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
     t, data = config.training, config.data
     check_batch_sizes(config, dist.dp_size)
 
-    def loader(dataset: Any, shuffle: bool) -> Any:
+    def loader(dataset: Any, shuffle: bool, balance_ranks: bool = False) -> Any:
         sampler = StepSampler(
             num_samples=len(dataset),
             global_batch_size=t.global_batch_size,
@@ -207,9 +218,10 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
             sampler,
             num_workers=data.num_workers,
             pin_memory=dist.device is not None and dist.device.type == "cuda",
+            balance_ranks=balance_ranks,
         )
 
-    train = loader(datasets.train, data.shuffle)
+    train = loader(datasets.train, data.shuffle, data.max_tokens_per_micro_batch is not None)
     evaluation = loader(datasets.eval, False) if datasets.eval is not None else None
     return DataLoaders(train=train, eval=evaluation)
 
@@ -310,7 +322,12 @@ def build_checkpointer(
 
 @hookimpl
 def build_callbacks(config: Any, dist: Any) -> Any:
-    """The progress display (rank 0)."""
+    """The progress display (rank 0); the routing statistics of an expert-parallel run."""
     from ..trainer.progress import Progress
 
-    return Progress(config, dist) if dist.is_main else None
+    objects: list[Any] = [Progress(config, dist)] if dist.is_main else []
+    if config.parallel.ep > 1:
+        from ..parallel.moe_stats import ExpertParallelStats
+
+        objects.append(ExpertParallelStats(config.parallel.ep))
+    return objects or None

@@ -74,6 +74,19 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         default="5GB",
         help="largest safetensors shard, e.g. 2GB or 500MB (default: 5GB)",
     )
+    export.add_argument(
+        "--dtype",
+        choices=["auto", "bf16", "fp32", "fp16"],
+        default="auto",
+        help="dtype of the written weights; auto: the dtype in [model] path's config.json, "
+        "else [model] dtype (default: auto)",
+    )
+    export.add_argument(
+        "--merge",
+        action="store_true",
+        help="for a checkpoint of adapters (e.g. a [peft] run): write the base model with the "
+        "adapters merged in, instead of the adapters",
+    )
     export.set_defaults(handler=cmd_export)
 
     chat = sub.add_parser(
@@ -117,6 +130,12 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         default="plugin",
         help="plugin: hook implementations and a config section; adapter: a model adapter "
         "(default: plugin)",
+    )
+    new.add_argument(
+        "--vision",
+        action="store_true",
+        help="with --kind adapter: a vision-language adapter (vision tower, projector and "
+        "decoder; after the LLaVA example)",
     )
     new.add_argument("--out", default=".", metavar="DIR", help="parent folder (default: .)")
     new.set_defaults(handler=cmd_new_plugin)
@@ -166,11 +185,13 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
     """Read and validate the config with the installed plugins, for the world size of
     ``--nproc-per-node``/``--nnodes`` when given; returns ``(config, host)``."""
     from ..config import load_config
+    from ..config.adapter_options import check_adapter_options
     from ..config.world import check_world
 
     host = plugin_host(args)
     config = load_config(args.config, args.overrides, host.registries.config_sections)
     check_required_plugins(host, config.run.plugins)
+    check_adapter_options(config, host.registries, source=str(args.config))
     nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
     check_world(config, nproc, nnodes, source=str(args.config))
     return config, host
@@ -405,6 +426,9 @@ def _run_here(args: argparse.Namespace) -> int:
         resolve_strategy(config, host.registries)
         batching = config.data.batching or adapter.default_batching
         named("$.data.batching", host.registries.batching_runtimes, batching)
+        from ..batching.token_budget import check_token_budget
+
+        check_token_budget(batching, config.data.max_tokens_per_micro_batch)
         print(
             f"config ok: adapter {adapter.name}, batching {batching}, "
             f"strategy {config.parallel.strategy}"
@@ -501,10 +525,11 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``hyper-train export CHECKPOINT --out DIR [--max-shard-size 5GB]``."""
+    """``hyper-train export CHECKPOINT --out DIR [--max-shard-size 5GB] [--dtype auto]
+    [--merge]``: a plugin's ``export_checkpoint`` hook, else the full model."""
     from ..checkpoint import resolve_checkpoint, run_config_for
     from ..config import load_config
-    from ..export import export_checkpoint
+    from ..export import ExportOptions, export_checkpoint
     from ..safetensors_writer import parse_shard_size
 
     try:
@@ -520,7 +545,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"{missing}: no config found for {ckpt} (pass --config)")
     host = plugin_host(args)
     config = load_config(config_path, (), host.registries.config_sections)
-    out = export_checkpoint(config, host, ckpt, Path(args.out), max_shard_size=max_shard_size)
+    options = ExportOptions(max_shard_size=max_shard_size, dtype=args.dtype, merge=args.merge)
+    out = host.call_stage(
+        "export_checkpoint",
+        config=config,
+        registries=host.registries,
+        checkpoint=ckpt,
+        out_dir=Path(args.out),
+        options=options,
+    )
+    if out is None:  # no plugin exports this run: the full model
+        if args.merge:
+            raise UserError(
+                f"--merge: {ckpt} holds no adapters to merge (its run sets no [peft] or other "
+                "adapter plugin); export it without --merge"
+            )
+        out = export_checkpoint(
+            config, host, ckpt, Path(args.out), max_shard_size=max_shard_size, dtype=args.dtype
+        )
     print(f"exported {ckpt} to {out}")
     return 0
 
@@ -580,12 +622,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:
-    """``hyper-train new-plugin NAME --kind plugin|adapter [--out DIR]``."""
+    """``hyper-train new-plugin NAME --kind plugin|adapter [--vision] [--out DIR]``."""
     from ..scaffold import render, scaffold
 
-    target = scaffold(args.name, args.kind, args.out)
-    print(f"created {target}/ ({args.kind}):")
-    for rel in render(args.name, args.kind):
+    target = scaffold(args.name, args.kind, args.out, vision=args.vision)
+    print(f"created {target}/ ({args.kind}{', vision' if args.vision else ''}):")
+    for rel in render(args.name, args.kind, vision=args.vision):
         print(f"  {rel}")
     print("next, in the environment hyper-train runs from:")
     print(f"  python -m pip install -e '{target}[test]'")

@@ -1,17 +1,15 @@
 """The strict cattrs converter behind configs: no coercion, exact ``$.a.b[i]`` error paths.
 
-Structuring never stops at the first problem. Every problem in the whole input is collected as
-``(path, message)`` and raised together in one :class:`~hyper_core.errors.ConfigError`.
-
-Plugins structure their own sections with the same :data:`converter`::
+cattrs structures with detailed validation and forbids extra keys; every problem in the whole
+input comes back as one :class:`~hyper_core.errors.ConfigError` of ``(path, message)`` pairs, read
+from cattrs' validation notes. Plugins structure their own sections with the same
+:data:`converter`::
 
     section = converter.structure_at(raw, MySection, path="$.my_plugin")
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import datetime
 import difflib
@@ -20,38 +18,29 @@ import json
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
+from cattrs.cols import list_structure_factory
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs.gen import make_dict_structure_fn, mapping_structure_factory, override
 
 from hyper_core.errors import ConfigError
 
 T = TypeVar("T")
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ABSENT: Any = object()
 
 
-class Invalid(Exception):
+class Invalid(ValueError):
     """Raised by a structure hook: the value at the current path is wrong (``msg`` says how)."""
 
     def __init__(self, msg: str) -> None:
         super().__init__(msg)
         self.msg = msg
-
-
-class _Reported(Exception):
-    """Problems below the current path have already been recorded."""
-
-
-class _Failed:
-    def __repr__(self) -> str:
-        return "FAILED"
-
-
-FAILED: Any = _Failed()
-"""Returned by :meth:`Problems.structure` when the value had problems."""
 
 
 def join_key(path: str, key: str) -> str:
@@ -114,7 +103,7 @@ def type_name(cl: Any) -> str:
         return "one of " + ", ".join(show(a) for a in typing.get_args(cl))
     if cl is list or origin is list:
         return "an array"
-    if cl is dict or origin is dict or (isinstance(cl, type) and attrs.has(cl)):
+    if cl is dict or origin is dict or _is_attrs_class(cl):
         return "a table"
     if isinstance(cl, type):
         return cl.__name__
@@ -137,98 +126,6 @@ def _toml_fields(cls: type) -> dict[str, attrs.Attribute]:
     return {field_key(f): f for f in attrs.fields(cls) if f.init and f.metadata.get("toml", True)}
 
 
-class Problems:
-    """Collects ``(path, message)`` problems while structuring, tracking the current path."""
-
-    def __init__(self, root: str = "$") -> None:
-        self.path = root
-        self.problems: list[tuple[str, str]] = []
-
-    def add(self, msg: str, path: str | None = None) -> None:
-        """Record a problem at ``path`` (default: the current path)."""
-        self.problems.append((self.path if path is None else path, msg))
-
-    def add_key(self, key: str, msg: str) -> None:
-        """Record a problem at the child ``key`` of the current path."""
-        self.add(msg, join_key(self.path, key))
-
-    @contextlib.contextmanager
-    def at(self, path: str) -> Iterator[None]:
-        """Temporarily move the current path to ``path``."""
-        saved, self.path = self.path, path
-        try:
-            yield
-        finally:
-            self.path = saved
-
-    def at_key(self, key: str) -> contextlib.AbstractContextManager[None]:
-        return self.at(join_key(self.path, key))
-
-    def at_index(self, index: int) -> contextlib.AbstractContextManager[None]:
-        return self.at(f"{self.path}[{index}]")
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[Problems]:
-        """Make this the collector that the converter's hooks record into."""
-        token = _current.set(self)
-        try:
-            yield self
-        finally:
-            _current.reset(token)
-
-    def structure(self, conv: cattrs.Converter, value: Any, cl: Any) -> Any:
-        """Structure ``value`` at the current path; :data:`FAILED` (problems recorded) if bad."""
-        return self.structure_with(lambda: conv.structure(value, cl), value)
-
-    def structure_with(self, func: Callable[[], Any], value: Any = None) -> Any:
-        """Run ``func`` (which structures ``value``), recording its problems at the current path."""
-        try:
-            return func()
-        except Invalid as exc:
-            self.add(exc.msg)
-        except _Reported:
-            pass
-        except ConfigError as exc:
-            self.extend_rooted(exc.problems)
-        except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
-            self.add(f"invalid value {show(value)}: {exc}")
-        return FAILED
-
-    def extend_rooted(self, problems: Iterable[tuple[str, str]]) -> None:
-        """Record problems whose paths start at ``$``, re-rooted at the current path."""
-        for path, msg in problems:
-            self.add(msg, self.path + path[1:] if path.startswith("$") else path)
-
-    def raise_if_any(self, source: str | None = None) -> None:
-        if self.problems:
-            raise ConfigError(self.problems, source=source)
-
-
-_current: contextvars.ContextVar[Problems | None] = contextvars.ContextVar(
-    "hyper_core_config_problems", default=None
-)
-
-
-def _contextual(
-    hook: Callable[[StrictConverter, Any, Any], Any],
-) -> Callable[[StrictConverter, Any, Any], Any]:
-    """Let a composite hook called directly (outside ``structure``) still collect problems."""
-
-    @functools.wraps(hook)
-    def wrapper(self: StrictConverter, value: Any, cl: Any) -> Any:
-        if _current.get() is None:
-            return self.structure(value, cl)
-        return hook(self, value, cl)
-
-    return wrapper
-
-
-def _problems() -> Problems:
-    problems = _current.get()
-    assert problems is not None
-    return problems
-
-
 def _is_attrs_class(cl: Any) -> bool:
     return isinstance(cl, type) and attrs.has(cl)
 
@@ -239,6 +136,14 @@ def _is_union(cl: Any) -> bool:
 
 def _origin_is(*origins: Any) -> Callable[[Any], bool]:
     return lambda cl: cl in origins or typing.get_origin(cl) in origins
+
+
+def _child(value: Any, key: Any) -> Any:
+    """``value[key]`` for locating a message's value, or a placeholder where there is none."""
+    try:
+        return value[key]
+    except (KeyError, IndexError, TypeError):
+        return _ABSENT
 
 
 class StrictConverter(cattrs.Converter):
@@ -256,7 +161,8 @@ class StrictConverter(cattrs.Converter):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(detailed_validation=True, forbid_extra_keys=True)
+        self._tables: dict[type, Callable[[Any, Any], Any]] = {}
         for cl, hook in (
             (bool, self._strict_bool),
             (int, self._strict_int),
@@ -265,43 +171,96 @@ class StrictConverter(cattrs.Converter):
         ):
             self.register_structure_hook(cl, hook)
         self.register_structure_hook_func(
-            lambda cl: cl is Any or cl is object, self._strict_passthrough
+            lambda cl: cl is Any or cl is object, lambda value, _: copy.deepcopy(value)
         )
-        self.register_structure_hook_func(_origin_is(list), self._strict_list)
-        self.register_structure_hook_func(_origin_is(dict), self._strict_dict)
+        self.register_structure_hook_factory(_origin_is(list), self._strict_list_factory)
+        self.register_structure_hook_factory(_origin_is(dict), self._strict_dict_factory)
         self.register_structure_hook_func(_is_union, self._strict_union)
         self.register_structure_hook_func(
             lambda cl: typing.get_origin(cl) is Literal, self._strict_literal
         )
-        self.register_structure_hook_factory(_is_attrs_class, self._strict_attrs_factory)
+        self.register_structure_hook_factory(_is_attrs_class, self._strict_table_factory)
         self.register_unstructure_hook_factory(_is_attrs_class, self._strict_unstructure_factory)
 
     def structure(self, obj: Any, cl: Any) -> Any:
-        """Structure ``obj`` as ``cl``; at the top level, raise one ConfigError for all problems."""
-        if _current.get() is not None:
-            return super().structure(obj, cl)
+        """Structure ``obj`` as ``cl``; raise one ConfigError for all problems."""
         return self.structure_at(obj, cl)
 
     def structure_at(
         self, obj: Any, cl: type[T] | Any, path: str = "$", source: str | None = None
     ) -> T:
         """Structure ``obj`` whose location is ``path``; raise ConfigError with every problem."""
-        problems = _current.get()
-        if problems is not None:
-            with problems.at(path):
-                result = problems.structure(self, obj, cl)
-            if result is FAILED:
-                raise _Reported
-            return result
-        problems = Problems(path)
-        with problems.active():
-            result = problems.structure(self, obj, cl)
-        problems.raise_if_any(source)
-        return result
+        return self._checked(lambda: self.get_structure_hook(cl)(obj, cl), obj, path, source)
 
-    @staticmethod
-    def _strict_passthrough(value: Any, _: Any) -> Any:
-        return copy.deepcopy(value)
+    def structure_table(self, value: Any, cls: type[T]) -> T:
+        """Structure a table into the attrs class ``cls`` with the strict field rules.
+
+        For custom hooks that preprocess a table: registering a hook for ``cls`` replaces the
+        attrs hook, and calling ``structure(value, cls)`` from it would recurse.
+        """
+        if cls not in self._tables:  # the registered hook is cached by cattrs, this one here
+            self._tables[cls] = self._strict_table_factory(cls)
+        return self._checked(lambda: self._tables[cls](value, cls), value)
+
+    def _checked(
+        self, func: Callable[[], T], obj: Any, path: str = "$", source: str | None = None
+    ) -> T:
+        try:
+            return func()
+        except Exception as exc:
+            problems = self._problems(exc, path, obj)
+        raise ConfigError(problems, source=source)
+
+    def _problems(self, exc: BaseException, path: str, value: Any) -> list[tuple[str, str]]:
+        """The ``(path, message)`` problems of a structuring error on ``value`` at ``path``.
+
+        Walks cattrs' validation errors by their notes; re-raises an exception that is no
+        config problem (a bug in a hook).
+        """
+        if isinstance(exc, ClassValidationError):
+            return self._class_problems(exc, path, value)
+        if isinstance(exc, IterableValidationError):
+            out: list[tuple[str, str]] = []
+            with_notes, without = exc.group_exceptions()
+            for sub, note in with_notes:
+                index = note.index
+                where = join_key(path, index) if isinstance(index, str) else f"{path}[{index}]"
+                out += self._problems(sub, where, _child(value, index))
+            for sub in without:
+                out += self._problems(sub, path, value)
+            return out
+        if isinstance(exc, Invalid):
+            return [(path, exc.msg)]
+        if isinstance(exc, ConfigError):
+            return [(path + p[1:] if p.startswith("$") else p, m) for p, m in exc.problems]
+        if isinstance(exc, (ValueError, TypeError)):
+            return [(path, f"invalid value {show(value)}: {exc}")]
+        raise exc
+
+    def _class_problems(
+        self, exc: ClassValidationError, path: str, value: Any
+    ) -> list[tuple[str, str]]:
+        fields = toml_fields(exc.cl)
+        keys = {f.name: key for key, f in fields.items()}
+        value = value if isinstance(value, dict) else {}  # a missing table is read as {}
+        with_notes, without = exc.group_exceptions()
+        out = [
+            (join_key(path, key), unknown_key_message(key, fields))
+            for sub in without
+            if isinstance(sub, ForbiddenExtraKeysError)
+            for key in value
+            if key in sub.extra_fields
+        ]
+        for sub, note in with_notes:
+            key = keys[note.name]
+            if isinstance(sub, KeyError) and key not in value:
+                out.append((join_key(path, key), "required key is missing"))
+            else:
+                out += self._problems(sub, join_key(path, key), _child(value, key))
+        for sub in without:
+            if not isinstance(sub, ForbiddenExtraKeysError):
+                out += self._problems(sub, path, value)
+        return out
 
     @staticmethod
     def _strict_bool(value: Any, _: Any) -> bool:
@@ -339,127 +298,92 @@ class StrictConverter(cattrs.Converter):
             raise Invalid(f"invalid value {show(value)}; expected one of {choices}{hint}")
         raise Invalid(f"expected one of {choices}, got {describe(value)}")
 
-    @_contextual
     def _strict_union(self, value: Any, cl: Any) -> Any:
         args = typing.get_args(cl)
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
-            return self.structure(value, options[0])
-        here = _problems().path
+            return self.get_structure_hook(options[0])(value, options[0])
         for option in options:
-            trial = Problems(here)
-            with trial.active():
-                result = trial.structure(self, value, option)
-            if result is not FAILED:
-                return result
+            try:
+                return self.get_structure_hook(option)(value, option)
+            except (ConfigError, cattrs.BaseValidationError, TypeError, ValueError):
+                continue
         names = " or ".join(type_name(o) for o in options)
         raise Invalid(f"expected {names}, got {describe(value)}")
 
-    @_contextual
-    def _strict_list(self, value: Any, cl: Any) -> list[Any]:
-        if not isinstance(value, (list, tuple)):
-            raise Invalid(f"expected an array, got {describe(value)}")
-        (item_type,) = typing.get_args(cl) or (Any,)
-        problems = _problems()
-        out: list[Any] = []
-        failed = False
-        for index, item in enumerate(value):
-            with problems.at_index(index):
-                result = problems.structure(self, item, item_type)
-            failed |= result is FAILED
-            out.append(result)
-        if failed:
-            raise _Reported
-        return out
+    def _strict_list_factory(self, cl: Any) -> Callable[[Any, Any], list[Any]]:
+        elements = list_structure_factory(cl, self)
+        untyped = (typing.get_args(cl) or (Any,))[0] in (Any, object)  # cattrs copies shallowly
 
-    @_contextual
-    def _strict_dict(self, value: Any, cl: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise Invalid(f"expected a table, got {describe(value)}")
+        def hook(value: Any, _: Any) -> list[Any]:
+            if not isinstance(value, (list, tuple)):
+                raise Invalid(f"expected an array, got {describe(value)}")
+            return copy.deepcopy(list(value)) if untyped else elements(value, cl)
+
+        return hook
+
+    def _strict_dict_factory(self, cl: Any) -> Callable[[Any, Any], dict[str, Any]]:
         _, value_type = typing.get_args(cl) or (str, Any)
-        problems = _problems()
-        out: dict[str, Any] = {}
-        failed = False
-        for key, item in value.items():
-            if not isinstance(key, str):
-                problems.add(f"keys must be strings, got {describe(key)}")
-                failed = True
+        items = mapping_structure_factory(cl, self, key_type=str, val_type=value_type)
+
+        def hook(value: Any, _: Any) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise Invalid(f"expected a table, got {describe(value)}")
+            bad = [
+                Invalid(f"keys must be strings, got {describe(k)}")
+                for k in value
+                if not isinstance(k, str)
+            ]
+            if bad:
+                raise IterableValidationError(f"While structuring {cl!r}", bad, cl)
+            return items(value, cl)
+
+        return hook
+
+    def _strict_table_factory(self, cls: type) -> Callable[[Any, Any], Any]:
+        """cattrs' generated attrs hook, with TOML keys, field validators run per field, and
+        a missing table (a field typed by an attrs class without a default) read as ``{}``."""
+        overrides: dict[str, Any] = {}
+        tables = []
+        toml = {f.name: key for key, f in toml_fields(cls).items()}
+        for field in attrs.fields(cls):
+            if field.name not in toml:
+                overrides[field.name] = override(omit=True)
                 continue
-            with problems.at_key(key):
-                result = problems.structure(self, item, value_type)
-            failed |= result is FAILED
-            out[key] = result
-        if failed:
-            raise _Reported
-        return out
+            rename = toml[field.name] if toml[field.name] != field.name else None
+            hook = None
+            if field.validator is not None:
+                hook = self._strict_validating(field)
+            overrides[field.name] = override(rename=rename, struct_hook=hook)
+            if field.default is attrs.NOTHING and self._is_table(field.type):
+                tables.append(toml[field.name])
+        generated = make_dict_structure_fn(cls, self, **overrides)
 
-    def _strict_attrs_factory(self, cls: type) -> Callable[[Any, Any], Any]:
-        def hook(value: Any, _: Any) -> Any:
-            if _current.get() is None:
-                return self.structure(value, cls)
-            return self._strict_attrs(value, cls)
+        def table(value: Any, _: Any) -> Any:
+            if not isinstance(value, dict):
+                raise Invalid(f"expected a table, got {describe(value)}")
+            missing = {key: {} for key in tables if key not in value}
+            return generated({**value, **missing} if missing else value, cls)
 
-        hook.is_table_hook = True  # type: ignore[attr-defined]
+        table.is_table_hook = True  # type: ignore[attr-defined]
+        return table
+
+    def _strict_validating(self, field: attrs.Attribute) -> Callable[[Any, Any], Any]:
+        def hook(value: Any, cl: Any) -> Any:
+            result = self.get_structure_hook(cl)(value, cl)
+            try:
+                field.validator(None, field, result)
+            except (ValueError, TypeError) as exc:
+                raise Invalid(str(exc)) from None
+            return result
+
         return hook
 
     def _is_table(self, cl: Any) -> bool:
         """True when ``cl`` is structured from a table by the attrs hook (a missing one is {})."""
         return _is_attrs_class(cl) and getattr(self.get_structure_hook(cl), "is_table_hook", False)
-
-    def structure_table(self, value: Any, cls: type[T]) -> T:
-        """Structure a table into the attrs class ``cls`` with the strict field rules.
-
-        For custom hooks that preprocess a table: registering a hook for ``cls`` replaces the
-        attrs hook, and calling ``structure(value, cls)`` from it would recurse.
-        """
-        if _current.get() is None:
-            problems = Problems()
-            with problems.active():
-                result = problems.structure_with(lambda: self._strict_attrs(value, cls), value)
-            problems.raise_if_any()
-            return result
-        return self._strict_attrs(value, cls)
-
-    def _strict_attrs(self, value: Any, cls: type[T]) -> T:
-        if not isinstance(value, dict):
-            raise Invalid(f"expected a table, got {describe(value)}")
-        fields = toml_fields(cls)
-        problems = _problems()
-        before = len(problems.problems)
-        for key in value:
-            if key not in fields:
-                problems.add_key(key, unknown_key_message(key, fields))
-        kwargs: dict[str, Any] = {}
-        for key, field in fields.items():
-            if key in value:
-                raw = value[key]
-            elif field.default is not attrs.NOTHING:
-                continue
-            elif self._is_table(field.type):
-                raw = {}
-            else:
-                problems.add_key(key, "required key is missing")
-                continue
-            with problems.at_key(key):
-                result = problems.structure(self, raw, field.type)
-                if result is FAILED:
-                    continue
-                if field.validator is not None:
-                    try:
-                        field.validator(None, field, result)
-                    except (ValueError, TypeError) as exc:
-                        problems.add(str(exc))
-                        continue
-            kwargs[field.alias] = result
-        if len(problems.problems) > before:
-            raise _Reported
-        try:
-            return cls(**kwargs)
-        except ConfigError as exc:
-            problems.extend_rooted(exc.problems)
-            raise _Reported from None
 
     def _strict_unstructure_factory(self, cls: type) -> Callable[[Any], dict[str, Any]]:
         fields = toml_fields(cls)

@@ -8,14 +8,12 @@ import os
 import pathlib
 import re
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
 from hyper_core.config.converter import (
-    FAILED,
-    Problems,
     converter,
     describe,
     join_key,
@@ -23,7 +21,7 @@ from hyper_core.config.converter import (
     toml_fields,
     unknown_key_message,
 )
-from hyper_core.config.schema import CORE_SECTIONS, Config, SectionSpec, source_list
+from hyper_core.config.schema import CORE_SECTIONS, Config, DataSource, SectionSpec
 from hyper_core.errors import ConfigError, PluginError
 from hyper_core.known_plugins import known_distributions
 from hyper_core.registry import Registry
@@ -36,6 +34,8 @@ else:  # pragma: no cover
 KNOWN_PLUGIN_SECTIONS: dict[str, str] = known_distributions("sections")
 """Sections of first-party plugins, by the distribution that provides them (a view of the one
 table, :mod:`hyper_core.known_plugins`)."""
+
+T = TypeVar("T")
 
 _OVERRIDE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -90,7 +90,7 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
     is not a valid TOML value is taken as a string, so ``--run.name=demo`` works unquoted.
     Later arguments win. Raises :class:`ConfigError` listing every malformed argument.
     """
-    problems = Problems()
+    problems: list[tuple[str, str]] = []
     out: dict[str, Any] = {}
     for arg in args:
         text = arg[2:] if arg.startswith("--") else arg
@@ -98,14 +98,14 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         parts = key.split(".")
         if not key or not all(_OVERRIDE_KEY.fullmatch(p) for p in parts):
-            problems.add("malformed override: expected --KEY.PATH=VALUE", path=arg)
+            problems.append((arg, "malformed override: expected --KEY.PATH=VALUE"))
             continue
         if not sep:
-            problems.add(f"override has no value; write --{key}=VALUE", path=_path_of(parts))
+            problems.append((_path_of(parts), f"override has no value; write --{key}=VALUE"))
             continue
         out.pop(key, None)
         out[key] = parse_value(value)
-    problems.raise_if_any(source="command line")
+    _raise_if_any(problems, "command line")
     return out
 
 
@@ -129,24 +129,31 @@ def _path_of(parts: Sequence[str]) -> str:
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``raw`` with each ``{"a.b.c": value}`` set, creating missing tables."""
     out = copy.deepcopy(dict(raw))
-    problems = Problems()
+    problems: list[tuple[str, str]] = []
     for dotted, value in overrides.items():
         parts = dotted.split(".")
         table = out
         for depth, part in enumerate(parts[:-1]):
             child = table.setdefault(part, {})
             if not isinstance(child, dict):
-                problems.add(
-                    f"is {describe(child)}, not a table, so it cannot take the override "
-                    f"{dotted}={show(value)}",
-                    path=_path_of(parts[: depth + 1]),
+                problems.append(
+                    (
+                        _path_of(parts[: depth + 1]),
+                        f"is {describe(child)}, not a table, so it cannot take the override "
+                        f"{dotted}={show(value)}",
+                    )
                 )
                 break
             table = child
         else:
             table[parts[-1]] = copy.deepcopy(value)
-    problems.raise_if_any(source="command line")
+    _raise_if_any(problems, "command line")
     return out
+
+
+def _raise_if_any(problems: list[tuple[str, str]], source: str | None) -> None:
+    if problems:
+        raise ConfigError(problems, source=source)
 
 
 def load_config_dict(
@@ -174,45 +181,48 @@ def _build(
     sections = dict(sections or {})
     known = known_distributions("sections")
     _check_specs(sections)
-    problems = Problems()
     if not isinstance(data, Mapping):
-        problems.add(f"expected a table, got {describe(data)}")
-        problems.raise_if_any(source)
+        raise ConfigError(f"expected a table, got {describe(data)}", source=source)
+    problems: list[tuple[str, str]] = []
     core: dict[str, Any] = {}
     for key, value in data.items():
         if key in CORE_SECTIONS:
             core[key] = value
-        elif key in sections:
             continue
-        elif key in known and known[key] in unavailable:
+        if key in sections:
+            continue
+        if key in known and known[key] in unavailable:
             dist = known[key]
-            problems.add_key(
-                key, f"section of plugin {dist}, which is installed but {unavailable[dist]}"
-            )
+            msg = f"section of plugin {dist}, which is installed but {unavailable[dist]}"
         elif key in known:
-            problems.add_key(
-                key, f"section of a plugin that is not installed; pip install {known[key]}"
-            )
+            msg = f"section of a plugin that is not installed; pip install {known[key]}"
         else:
-            problems.add_key(key, unknown_key_message(str(key), [*CORE_SECTIONS, *sections]))
-    with problems.active():
-        config = problems.structure(converter, core, Config)
-        plugin_sections: dict[str, object] = {}
-        for name, spec in sections.items():
-            if name in data:
-                with problems.at_key(name):
-                    value = problems.structure(converter, data[name], spec.cls)
-            elif _all_defaulted(spec.cls):
-                with problems.at_key(name):
-                    value = problems.structure(converter, {}, spec.cls)
-            else:
-                continue
-            if value is not FAILED:
-                plugin_sections[name] = value
-        if config is not FAILED:
-            _check_format_options(problems, config, formats)
-    problems.raise_if_any(source)
+            msg = unknown_key_message(str(key), [*CORE_SECTIONS, *sections])
+        problems.append((join_key("$", key), msg))
+    config = _collect(problems, functools.partial(converter.structure_at, core, Config))
+    plugin_sections: dict[str, object] = {}
+    for name, spec in sections.items():
+        if name not in data and not _all_defaulted(spec.cls):
+            continue
+        structure = functools.partial(
+            converter.structure_at, data.get(name, {}), spec.cls, join_key("$", name)
+        )
+        value = _collect(problems, structure)
+        if value is not None:
+            plugin_sections[name] = value
+    _check_format_options(problems, core.get("data"), formats)
+    _raise_if_any(problems, source)
+    assert config is not None
     return attrs.evolve(config, plugin_sections=plugin_sections, source_path=source_path)
+
+
+def _collect(problems: list[tuple[str, str]], structure: Callable[[], T]) -> T | None:
+    """``structure()``, or None with its ConfigError's problems added to ``problems``."""
+    try:
+        return structure()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def format_options(fmt: Any, options: Mapping[str, Any], where: str) -> Any:
@@ -226,25 +236,33 @@ def format_options(fmt: Any, options: Mapping[str, Any], where: str) -> Any:
 
 
 def _check_format_options(
-    problems: Problems, config: Config, formats: Registry[Any] | None
+    problems: list[tuple[str, str]], data: Any, formats: Registry[Any] | None
 ) -> None:
-    """Validate ``[data] train``/``eval`` options with their formats' declared classes.
+    """Validate the ``[data] train``/``eval`` options in ``data`` (the raw table) with their
+    formats' declared classes, also when other keys have problems (one pass reports all).
 
     Without a registry (no plugin host), the core's own formats are checked; a format no
     registry knows is left to the run, which names it.
     """
+    if not isinstance(data, Mapping):
+        return
     formats = formats if formats is not None else _core_formats()
     for key in ("train", "eval"):
-        sources = getattr(config.data, key)
-        for where, source in source_list(sources, f"$.data.{key}") if sources else ():
+        raw = data.get(key)
+        items = raw if isinstance(raw, list) else [] if raw is None else [raw]
+        for index, item in enumerate(items):
+            where = f"$.data.{key}[{index}]" if isinstance(raw, list) else f"$.data.{key}"
+            try:
+                source = converter.structure(item, DataSource)
+            except ConfigError:
+                continue  # reported with the rest of the config
             if source.format not in formats:
                 continue
             try:
                 fmt = formats.get(source.format)
             except (ImportError, AttributeError, PluginError):
                 continue  # a format that does not import is reported by the run, which needs it
-            check = functools.partial(format_options, fmt, source.options, where)
-            problems.structure_with(check, source.options)
+            _collect(problems, functools.partial(format_options, fmt, source.options, where))
 
 
 def _core_formats() -> Registry[Any]:

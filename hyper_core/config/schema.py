@@ -190,6 +190,14 @@ class ModelConfig(_Section):
         factory=dict,
         metadata=meta("Keys set on the Hugging Face model config, e.g. `hidden_size = 64`."),
     )
+    options: dict[str, Any] = attrs.field(
+        factory=dict,
+        metadata=meta(
+            "The adapter's own options (`[model.options]`), checked against the attrs class it "
+            "declares (`ModelAdapter.options`, listed in its README), e.g. Qwen-VL's "
+            "`max_image_tokens = 256`. An adapter that declares none takes none."
+        ),
+    )
 
     def _problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
@@ -392,6 +400,30 @@ class DataConfig(_Section):
     eval_samples: int | None = attrs.field(
         default=None, validator=at_least(1), metadata=meta("Evaluate on at most this many samples.")
     )
+    max_tokens_per_micro_batch: int | None = attrs.field(
+        default=None,
+        validator=at_least(1),
+        metadata=meta(
+            "Packed batching only: fill each micro-batch with up to this many tokens (and at "
+            "most `micro_batch_size` samples) instead of exactly `micro_batch_size` samples. A "
+            "step still takes `global_batch_size` samples; its samples are shared among the "
+            "ranks by tokens (each rank prepares all of them), so the number of micro-batches "
+            "varies by rank and step. At least `max_seq_len`: a longer sample is skipped as "
+            "`too_long`."
+        ),
+    )
+
+    def _problems(self) -> list[tuple[str, str]]:
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and budget < self.max_seq_len:
+            return [
+                (
+                    "$.max_tokens_per_micro_batch",
+                    f"{budget} is less than max_seq_len ({self.max_seq_len}), so a sample of "
+                    "max_seq_len tokens would not fit; raise it or lower max_seq_len",
+                )
+            ]
+        return []
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -410,7 +442,11 @@ class TrainingConfig(_Section):
         validator=at_least(1), metadata=meta("Samples per optimizer step across all ranks.")
     )
     micro_batch_size: int = attrs.field(
-        validator=at_least(1), metadata=meta("Samples per forward/backward on one rank.")
+        validator=at_least(1),
+        metadata=meta(
+            "Samples per forward/backward on one rank (at most this many with [data] "
+            "`max_tokens_per_micro_batch`)."
+        ),
     )
     lr: float = attrs.field(validator=at_least(0.0), metadata=meta("Peak learning rate."))
     weight_decay: float = attrs.field(
@@ -539,6 +575,16 @@ class ParallelConfig(_Section):
         validator=_check_dp_shard,
         metadata=meta("Ranks each replica is sharded over; -1: the rest of the world."),
     )
+    ep: int = attrs.field(
+        default=1,
+        validator=at_least(1),
+        metadata=meta(
+            "Expert parallelism (MoE models, `fsdp2`): the routed experts of each MoE block "
+            "are split over groups of `ep` ranks, which exchange tokens all-to-all; expert "
+            "weights are FSDP-sharded over the other `dp_shard / ep` ranks. Must divide "
+            "`dp_shard` and the expert count."
+        ),
+    )
     param_dtype: Dtype | None = attrs.field(
         default=None,
         metadata=meta(
@@ -588,7 +634,19 @@ class CheckpointConfig(_Section):
         ),
     )
     export_hf: bool = attrs.field(
-        default=False, metadata=meta("Also export HF safetensors to `output_dir/hf`.")
+        default=False,
+        metadata=meta(
+            "At the end of training, also export the model to `output_dir/hf`: HF safetensors, "
+            "or what a plugin's `export_checkpoint` writes for the final checkpoint (a LoRA "
+            "run: the PEFT adapter directory, which needs `save_final`)."
+        ),
+    )
+    export_dtype: Literal["auto", "bf16", "fp32", "fp16"] = attrs.field(
+        default="auto",
+        metadata=meta(
+            "Dtype of the `export_hf` weights; `auto`: the trained parameters' (a plugin's "
+            "export reads it as `hyper-train export --dtype`)."
+        ),
     )
     async_save: bool = attrs.field(
         default=False, metadata=meta("Save in the background.", key="async")

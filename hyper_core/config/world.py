@@ -2,7 +2,7 @@
 
 Every rank is a data-parallel rank (``DistEnv.dp_size == world_size``), so the world size
 ``nproc_per_node × nnodes`` must split ``global_batch_size`` into micro-batches and match the
-``[parallel]`` mesh ``dp_replicate × dp_shard``.
+``[parallel]`` mesh ``dp_replicate × dp_shard`` (and ``ep``, which divides ``dp_shard``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,17 @@ def check_world(
     for n in range(nodes.min, nodes.max + 1):
         world = n * nproc
         if world == 1:
+            if config.parallel.ep > 1 and nproc_per_node is not None:
+                raise ConfigError(
+                    [
+                        (
+                            "$.parallel.ep",
+                            f"{config.parallel.ep} needs at least {config.parallel.ep} "
+                            "ranks, got 1 (one process holds every expert: use ep = 1)",
+                        )
+                    ],
+                    source,
+                )
             continue
         launch = f"--nproc-per-node {nproc}"
         if nodes.max > nodes.min:
@@ -83,6 +94,13 @@ def _problem(config: Config, world: int) -> tuple[str, str] | None:
             "$.parallel.dp_shard",
             f"dp_replicate ({par.dp_replicate}) × dp_shard ({shard}) must equal the world size "
             f"({world}); try dp_shard {world // par.dp_replicate} or -1",
+        )
+    if shard % par.ep:
+        return (
+            "$.parallel.ep",
+            f"{par.ep} does not divide dp_shard ({shard}): each group of ep ranks shares out "
+            "the experts within one FSDP shard group; try ep "
+            + " or ".join(str(d) for d in _nearest_divisors(shard, par.ep)),
         )
     t = config.training
     return _batch_problem(t.global_batch_size, t.micro_batch_size, world)

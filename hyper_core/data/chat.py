@@ -11,22 +11,42 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ..batching.types import IGNORE_INDEX, SampleFeatures
-from .conversation import Conversation, ImagePart, Message, TextPart, parse_conversation
+from .conversation import (
+    ROLES,
+    Conversation,
+    ImagePart,
+    Message,
+    TextPart,
+    parse_conversation,
+)
 from .errors import SampleError
 
 ImageTokens = Callable[[int, ImagePart], Sequence[int]]
 
 
+def _role_prefixes(
+    value: Mapping[str, str] | Iterable[tuple[str, str]],
+) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    pairs = tuple((str(role), str(prefix)) for role, prefix in items)
+    unknown = sorted({role for role, _ in pairs} - set(ROLES))
+    if unknown:
+        raise ValueError(f"role_prefixes: unknown roles {unknown} (roles are {list(ROLES)})")
+    return pairs
+
+
 @attrs.frozen(kw_only=True)
 class ChatFormat:
-    """How messages are rendered: ``message_prefix`` may contain ``{role}``.
+    """How messages are rendered: ``prefix(role) + parts + message_suffix``.
 
+    ``message_prefix`` may contain ``{role}``; ``role_prefixes`` replaces it for the roles it
+    names (e.g. ``{"user": "User:", "assistant": "Assistant:"}``, given as a mapping).
     ``default_system``: a system message inserted when the conversation does not start with
     one (Qwen2/2.5 behaviour). ``bos``: text emitted once at the start.
     """
@@ -35,9 +55,13 @@ class ChatFormat:
     message_suffix: str
     bos: str | None = None
     default_system: str | None = None
+    role_prefixes: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_role_prefixes)
 
     def prefix(self, role: str) -> str:
         """The prefix of a message of ``role``."""
+        for name, prefix in self.role_prefixes:
+            if name == role:
+                return prefix
         return self.message_prefix.replace("{role}", role)
 
     @property
@@ -57,11 +81,20 @@ class ChatFormat:
 
     @property
     def chat_template(self) -> str:
-        """A Jinja template for HF ``apply_chat_template`` that renders text like :meth:`render`.
+        """A Jinja template for HF ``apply_chat_template`` that renders text like :meth:`render`
+        (image parts are left out; see :meth:`template`)."""
+        return _jinja_template(self, image=None)
 
-        List contents render their text parts only (VL processors bring their own template).
+    def template(self, *, image: str | None = None) -> str:
+        """A Jinja template for HF ``apply_chat_template`` that renders like training does.
+
+        Each image part becomes ``image``, the text that stands for one image before the
+        processor expands it (:attr:`ImageTextProcessor.image_placeholder
+        <hyper_core.adapters.processor.ImageTextProcessor.image_placeholder>`, e.g.
+        ``<image>``); None leaves image parts out. The prefixes follow :meth:`prefix`, so a
+        subclass that overrides it is followed for the roles in ``ROLES``.
         """
-        return _jinja_template(self)
+        return _jinja_template(self, image=image)
 
 
 QWEN_CHATML = ChatFormat(
@@ -329,13 +362,32 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _jinja_template(fmt: ChatFormat) -> str:
+def _jinja_template(fmt: ChatFormat, *, image: str | None) -> str:
     before, sep, after = fmt.message_prefix.partition("{role}")
 
-    def prefix(role_expr: str) -> str:
+    def default_prefix(role_expr: str) -> str:
         if not sep:
-            return _lit(before)
-        return f"{_lit(before)} + {role_expr} + {_lit(after)}"
+            return f"{{{{- {_lit(before)} -}}}}"
+        return f"{{{{- {_lit(before)} + {role_expr} + {_lit(after)} -}}}}"
+
+    role = "message[" + _lit("role") + "]"
+    # Roles whose prefix is not message_prefix with {role} filled in (role_prefixes, or an
+    # overridden prefix()) get their own literal; any other role follows message_prefix.
+    special = [
+        (r, fmt.prefix(r))
+        for r in ROLES
+        if fmt.prefix(r) != fmt.message_prefix.replace("{role}", r)
+    ]
+    prefix = default_prefix(role)
+    if special:
+        branches = "".join(
+            f"{{%- {'if' if i == 0 else 'elif'} {role} == {_lit(r)} -%}}{{{{- {_lit(p)} -}}}}"
+            for i, (r, p) in enumerate(special)
+        )
+        prefix = f"{branches}{{%- else -%}}{prefix}{{%- endif -%}}"
+    image_part = ""
+    if image is not None:
+        image_part = f"{{%- elif part['type'] == 'image' -%}}{{{{- {_lit(image)} -}}}}"
 
     out = []
     if fmt.bos:
@@ -348,17 +400,20 @@ def _jinja_template(fmt: ChatFormat) -> str:
             f"{{{{- {_lit(system)} -}}}}"
             "{%- endif -%}"
         )
-    out.append(f"{{{{- {prefix('message[' + _lit('role') + ']')} -}}}}")
+    out.append(prefix)
     out.append(
         "{%- if message['content'] is string -%}{{- message['content'] -}}"
         "{%- else -%}{%- for part in message['content'] -%}"
-        "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+        f"{image_part}{{%- endif -%}}"
         "{%- endfor -%}{%- endif -%}"
     )
     out.append(f"{{{{- {_lit(fmt.message_suffix)} -}}}}")
     out.append("{%- endfor -%}")
     out.append(
-        f"{{%- if add_generation_prompt -%}}{{{{- {prefix(_lit('assistant'))} -}}}}{{%- endif -%}}"
+        "{%- if add_generation_prompt -%}"
+        f"{{{{- {_lit(fmt.prefix('assistant'))} -}}}}"
+        "{%- endif -%}"
     )
     return "".join(out)
 

@@ -6,6 +6,11 @@ workers. In epoch ``e`` the samples are ``randperm(num_samples)`` from
 ``torch.Generator().manual_seed(seed + e)`` (identity without shuffle); step ``s`` covers global
 positions ``[s*G, (s+1)*G)`` and rank ``r`` takes the contiguous slice ``[r*G/W, (r+1)*G/W)``.
 
+With ``balance_ranks`` (token-budget batching) every rank prepares the step's ``G`` samples
+and keeps its share of a token-balanced plan instead (:class:`RankShare`): ranks do ``W`` times
+the data work of the slices, and get equal tokens, not equal samples. The plan depends only on
+the step's samples, so a resumed run continues the same sequence.
+
 Workers: with ``num_workers > 0`` the loader uses the ``fork`` start method where available
 (Linux): workers start fast and inherit the transform (tokenizer, processor) without pickling
 it. Pass ``multiprocessing_context`` to override (``"spawn"``/``"forkserver"`` need a picklable
@@ -38,6 +43,7 @@ import attrs
 import torch
 import torch.utils.data
 
+from ..batching.token_budget import assign_to_ranks
 from ..batching.types import MicroBatch, SampleFeatures
 from ..errors import DataError
 from .dataset import Skipped
@@ -105,31 +111,45 @@ class StepSampler:
         self._perm_cache = (epoch, perm)
         return perm
 
-    def step_indices(self, epoch: int, step: int) -> list[int]:
-        """This rank's dataset indices at ``step`` of ``epoch``."""
+    def step_indices(self, epoch: int, step: int, *, all_ranks: bool = False) -> list[int]:
+        """This rank's dataset indices at ``step`` of ``epoch`` (every rank's, in order, with
+        ``all_ranks``: rank ``r``'s are the slice :func:`rank_slice` of them)."""
         if not 0 <= step < self.steps_per_epoch:
             raise IndexError(f"step {step} outside 0..{self.steps_per_epoch - 1}")
         begin = step * self.global_batch_size
         size = min(self.global_batch_size, self.num_samples - begin)
-        w, r = self.world_size, self.rank
-        lo, hi = begin + (r * size) // w, begin + ((r + 1) * size) // w
-        return self.permutation(epoch)[lo:hi]
+        if all_ranks:
+            return self.permutation(epoch)[begin : begin + size]
+        lo, hi = rank_slice(size, self.rank, self.world_size)
+        return self.permutation(epoch)[begin + lo : begin + hi]
 
-    def iter_epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[int]]:
-        """This rank's indices of each step of ``epoch`` from ``start_step``."""
+    def iter_epoch(
+        self, epoch: int, start_step: int = 0, *, all_ranks: bool = False
+    ) -> Iterator[list[int]]:
+        """This rank's (or every rank's) indices of each step of ``epoch`` from
+        ``start_step``."""
         for step in range(start_step, self.steps_per_epoch):
-            yield self.step_indices(epoch, step)
+            yield self.step_indices(epoch, step, all_ranks=all_ranks)
+
+
+def rank_slice(size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[lo, hi)``: rank ``rank``'s contiguous share of a step of ``size`` samples."""
+    return (rank * size) // world_size, ((rank + 1) * size) // world_size
 
 
 class _BatchSampler:
-    """The DataLoader's batch sampler: one epoch from a position the StepLoader sets."""
+    """The DataLoader's batch sampler: one epoch from a position the StepLoader sets; with
+    ``whole_steps`` each step's indices of every rank (the collate picks this rank's)."""
 
-    def __init__(self, sampler: StepSampler) -> None:
+    def __init__(self, sampler: StepSampler, whole_steps: bool = False) -> None:
         self.sampler = sampler
+        self.whole_steps = whole_steps
         self.epoch = 0
         self.start_step = 0
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.whole_steps:
+            return self.sampler.iter_epoch(self.epoch, self.start_step, all_ranks=True)
         return self.sampler.iter_epoch(self.epoch, self.start_step)
 
     def __len__(self) -> int:
@@ -233,24 +253,44 @@ class _PackedStep:
         return out
 
 
-class _StepCollate:
-    """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate."""
+@attrs.frozen
+class RankShare:
+    """Balance a whole step's samples among the ranks by tokens and keep rank ``rank``'s
+    (token-budget batching): every rank prepares the step's ``global_batch_size`` samples and
+    computes the same :func:`~hyper_core.batching.token_budget.assign_to_ranks` plan."""
 
-    def __init__(self, collate: Collate) -> None:
+    rank: int
+    world_size: int
+
+
+class _StepCollate:
+    """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate; with a
+    :class:`RankShare`, first keeps this rank's share of the whole step (each rank counts the
+    skipped samples of its contiguous slice, so the counts add up over ranks)."""
+
+    def __init__(self, collate: Collate, share: RankShare | None = None) -> None:
         self.collate = collate
+        self.share = share
 
     def __call__(
         self, items: Sequence[SampleFeatures | Skipped | _Failed]
     ) -> tuple[list[MicroBatch], dict[str, int], int] | _Failed:
         features: list[SampleFeatures] = []
         skipped: dict[str, int] = {}
-        for item in items:
+        lo, hi = 0, len(items)
+        if self.share is not None:
+            lo, hi = rank_slice(len(items), self.share.rank, self.share.world_size)
+        for position, item in enumerate(items):
             if isinstance(item, _Failed):
                 return item
             if isinstance(item, Skipped):
-                skipped[item.reason] = skipped.get(item.reason, 0) + 1
+                if lo <= position < hi:
+                    skipped[item.reason] = skipped.get(item.reason, 0) + 1
             else:
                 features.append(item)
+        if self.share is not None:
+            shares = assign_to_ranks([f.length for f in features], self.share.world_size)
+            features = [features[i] for i in shares[self.share.rank]]
         micro_batches: Any = self.collate(features) if features else []
         if micro_batches and torch.utils.data.get_worker_info() is not None:
             micro_batches = _PackedStep.pack(micro_batches)
@@ -306,6 +346,7 @@ class StepLoader:
         multiprocessing_context: Any = None,
         timeout: float = 0,
         pin_memory: bool = False,
+        balance_ranks: bool = False,
     ) -> None:
         self.dataset = dataset
         self.collate = collate
@@ -317,10 +358,13 @@ class StepLoader:
         self.timeout = timeout
         #: Steps arrive in page-locked memory (a CUDA run: ``non_blocking`` copies overlap).
         self.pin_memory = pin_memory
+        #: Training steps are shared among the ranks by tokens (:class:`RankShare`), not as
+        #: contiguous slices; evaluation (:meth:`iter_epoch_once`) keeps the slices.
+        self.balance_ranks = balance_ranks
         self._epoch = 0
         self._step = 0
         self._generation = 0
-        self._batch_sampler = _BatchSampler(sampler)
+        self._batch_sampler = _BatchSampler(sampler, whole_steps=balance_ranks)
         self._loader: torch.utils.data.DataLoader | None = None
         self._enough_data = False
 
@@ -365,7 +409,9 @@ class StepLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def _make_loader(self, batch_sampler: Any, persistent: bool) -> torch.utils.data.DataLoader:
+    def _make_loader(
+        self, batch_sampler: Any, persistent: bool, share: RankShare | None = None
+    ) -> torch.utils.data.DataLoader:
         kwargs: dict[str, Any] = {}
         if self.num_workers > 0:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -378,7 +424,7 @@ class StepLoader:
         return torch.utils.data.DataLoader(
             _CarryDataErrors(self.dataset),
             batch_sampler=batch_sampler,
-            collate_fn=_StepCollate(self.collate),
+            collate_fn=_StepCollate(self.collate, share),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             # A private generator: creating an iterator must not consume the global torch RNG.
@@ -414,7 +460,10 @@ class StepLoader:
         if self.steps_per_epoch == 0:
             return
         if self._loader is None:
-            self._loader = self._make_loader(self._batch_sampler, self.persistent_workers)
+            share = None
+            if self.balance_ranks:
+                share = RankShare(self.sampler.rank, self.sampler.world_size)
+            self._loader = self._make_loader(self._batch_sampler, self.persistent_workers, share)
         seen_usable = False
         while True:
             generation = self._generation

@@ -4,11 +4,13 @@
 :class:`~hyper_core.adapters.processor.ImageTextProcessor`, renders the chat with each image
 expanded to its image tokens, and checks that the text's image tokens match the image
 features. Adapters add what is model-specific (e.g. mRoPE position ids) to the result.
+Per-image metadata (the processor's ``metadata_keys``) reaches the expansion callback
+(``processor.expand_image``) and :attr:`MultimodalTokens.image_metadata`, not the media.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -35,6 +37,9 @@ class MultimodalTokens:
     image_token_counts: list[int]
     #: ``input_ids == processor.image_token_id``.
     is_image: torch.Tensor
+    #: Each image's metadata (``processor.metadata_keys``; empty mappings when none): not a
+    #: model input, for the adapter's own fields (``HFModelAdapter.sample_fields``).
+    image_metadata: list[dict[str, Any]] = attrs.field(factory=list)
 
     @property
     def num_images(self) -> int:
@@ -76,15 +81,18 @@ def tokenize_multimodal(
     images = load_images(conv)
     media: dict[str, torch.Tensor] = {}
     counts: list[int] = []
+    metadata: list[dict[str, Any]] = []
     if images:
         try:
-            media = dict(processor.process_images(images))
+            output = dict(processor.process_images(images))
         except ValueError as exc:
             raise SampleError("bad_image", str(exc)) from None
-        counts = processor.image_token_counts(media)
+        counts = processor.image_token_counts(output)
+        metadata = processor.image_metadata(output, len(counts))
+        media = processor.model_media(output)
 
-    def image_tokens(index: int, _part: Any) -> list[int]:
-        return processor.image_token_ids(counts[index])
+    def image_tokens(index: int, _part: Any) -> Sequence[int]:
+        return processor.expand_image(counts[index], metadata[index])
 
     tok = tokenize_conversation(
         conv, processor.tokenizer, chat_format, image_tokens=image_tokens, max_seq_len=max_seq_len
@@ -103,4 +111,5 @@ def tokenize_multimodal(
         media=media,
         image_token_counts=counts,
         is_image=is_image,
+        image_metadata=metadata,
     )

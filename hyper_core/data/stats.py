@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from ..batching.padded import round_up
+from ..batching.token_budget import assign_to_ranks, check_token_budget, pack_by_tokens
 
 #: How many ``file:line`` are kept per bad-sample reason.
 MAX_WHERE = 3
@@ -84,6 +85,8 @@ class Batching:
     micro_batch_size: int
     world_size: int = 1
     pad_to_multiple_of: int = 1
+    #: ``[data] max_tokens_per_micro_batch``: micro-batches of up to this many tokens.
+    max_tokens: int | None = None
 
     @property
     def accumulation(self) -> int:
@@ -110,6 +113,85 @@ def micro_batch_groups(lengths: Sequence[int | None], batching: Batching) -> Ite
             share = [n for n in step[(r * size) // w : ((r + 1) * size) // w] if n is not None]
             for i in range(0, len(share), m):
                 yield share[i : i + m]
+
+
+def token_budget_plan(lengths: Sequence[int | None], batching: Batching) -> list[list[list[int]]]:
+    """Per step, per rank, the token counts of its micro-batches under ``max_tokens``, as a run
+    lays them out: the step's usable samples shared among the ranks by tokens, each share
+    packed up to the budget (see :mod:`hyper_core.batching.token_budget`)."""
+    assert batching.max_tokens is not None
+    g, w = batching.global_batch_size, batching.world_size
+    plan = []
+    for begin in range(0, len(lengths), g):
+        usable = [n for n in lengths[begin : begin + g] if n is not None]
+        ranks = []
+        for share in assign_to_ranks(usable, w):
+            share_lengths = [usable[i] for i in share]
+            groups = pack_by_tokens(share_lengths, batching.max_tokens, batching.micro_batch_size)
+            ranks.append([sum(share_lengths[i] for i in group) for group in groups])
+        plan.append(ranks)
+    return plan
+
+
+@attrs.frozen
+class TokenBudget:
+    """Predicted micro-batches under ``max_tokens_per_micro_batch``."""
+
+    max_tokens: int
+    micro_batches: int
+    tokens: Summary  # per micro-batch
+    per_rank_step: Summary  # micro-batches of one rank in one step
+    #: Zero-weight repeats that ``Lockstep`` adds so that every rank runs as many forwards.
+    repeats: int
+    #: The largest over the steps of max/mean tokens per rank (1.0: balanced).
+    imbalance: float
+
+    @classmethod
+    def of(cls, lengths: Sequence[int | None], batching: Batching) -> TokenBudget:
+        """The prediction for the samples read, in the order read."""
+        assert batching.max_tokens is not None
+        plan = token_budget_plan(lengths, batching)
+        sizes = [t for step in plan for rank in step for t in rank]
+        counts = [len(rank) for step in plan for rank in step]
+        repeats = sum(max(map(len, step)) * len(step) - sum(map(len, step)) for step in plan)
+        imbalance = 1.0
+        for step in plan:
+            totals = [sum(rank) for rank in step]
+            if sum(totals):
+                imbalance = max(imbalance, max(totals) * len(totals) / sum(totals))
+        return cls(
+            batching.max_tokens,
+            len(sizes),
+            Summary.of(sizes),
+            Summary.of(counts),
+            repeats,
+            imbalance,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain numbers."""
+        return {
+            "max_tokens": self.max_tokens,
+            "micro_batches": self.micro_batches,
+            "tokens_per_micro_batch": attrs.asdict(self.tokens),
+            "micro_batches_per_rank_step": attrs.asdict(self.per_rank_step),
+            "lockstep_repeats": self.repeats,
+            "max_rank_tokens_over_mean": round(self.imbalance, 6),
+        }
+
+    def render(self) -> list[str]:
+        """The report's lines."""
+        t, c = self.tokens, self.per_rank_step
+        forwards = self.micro_batches + self.repeats
+        share = 100 * self.repeats / forwards if forwards else 0.0
+        return [
+            f"token budget {self.max_tokens} (max_tokens_per_micro_batch), in the order read:",
+            f"  {plural(self.micro_batches, 'micro-batch')}; tokens per micro-batch min {t.min}, "
+            f"median {t.median}, max {t.max}",
+            f"  micro-batches per step on one rank: min {c.min}, median {c.median}, max {c.max}; "
+            f"{plural(self.repeats, 'lockstep repeat')} ({share:.1f}% of forwards)",
+            f"  tokens per rank per step: max/mean {self.imbalance:.3f}",
+        ]
 
 
 def predict_padding(lengths: Sequence[int | None], batching: Batching) -> dict[str, Padding]:
@@ -196,6 +278,9 @@ class DataStats:
             },
             "runtime": self.runtime,
             "batching": {**attrs.asdict(b), "micro_batches_per_step": b.accumulation},
+            "token_budget": (
+                None if b.max_tokens is None else TokenBudget.of(self.lengths, b).to_json()
+            ),
             "steps_per_epoch": self.steps_per_epoch,
         }
 
@@ -229,11 +314,19 @@ class DataStats:
                 f"  {name:<7} {p.padding} padding of {p.tokens + p.padding} positions "
                 f"({100 * p.ratio:.1f}%) in {plural(p.micro_batches, 'micro-batch')}"
             )
-        lines.append(
-            f"steps: {b.accumulation} micro-batches of {b.micro_batch_size} per step on each of "
-            f"{b.world_size} rank(s) (global_batch_size {b.global_batch_size}); "
-            f"{plural(self.steps_per_epoch, 'step')} per epoch of {self.samples_total} samples"
-        )
+        epoch = f"{plural(self.steps_per_epoch, 'step')} per epoch of {self.samples_total} samples"
+        if b.max_tokens is None:
+            lines.append(
+                f"steps: {b.accumulation} micro-batches of {b.micro_batch_size} per step on each "
+                f"of {b.world_size} rank(s) (global_batch_size {b.global_batch_size}); {epoch}"
+            )
+        else:
+            lines.extend(TokenBudget.of(self.lengths, b).render())
+            lines.append(
+                f"steps: {b.global_batch_size} samples per step shared by tokens among "
+                f"{b.world_size} rank(s), micro-batches of up to {b.max_tokens} tokens and "
+                f"{b.micro_batch_size} samples; {epoch}"
+            )
         return "\n".join(lines)
 
 
@@ -306,12 +399,14 @@ def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1
         registries=host.registries,
     )
     runtime = resolve_runtime(config, adapter, assets, host.registries)
+    check_token_budget(runtime.name, config.data.max_tokens_per_micro_batch)
     t = config.training
     batching = Batching(
         global_batch_size=t.global_batch_size,
         micro_batch_size=t.micro_batch_size,
         world_size=world_size,
         pad_to_multiple_of=runtime.options.pad_to_multiple_of,
+        max_tokens=config.data.max_tokens_per_micro_batch,
     )
     image_token_id = getattr(getattr(assets, "processor", None), "image_token_id", None)
     return collect_stats(

@@ -36,6 +36,9 @@ class ParallelStrategy:
     shards_parameters: ClassVar[bool] = False
     meta_init: ClassVar[bool] = False
     loads_shards: ClassVar[bool] = False
+    #: Whether :meth:`apply` shares out ``plan.moe_blocks`` over ``dist.ep`` ranks
+    #: (``[parallel] ep``; :mod:`hyper_core.parallel.expert_parallel`).
+    expert_parallel: ClassVar[bool] = False
 
     def __init__(self, parallel_config: Any, training_config: Any) -> None:
         self.parallel = parallel_config

@@ -24,6 +24,14 @@ class DistEnv:
     mesh: Any = None
     dp_replicate: int = 1
     dp_shard: int = 1
+    #: Expert-parallel degree (``[parallel] ep``): consecutive groups of ``ep`` ranks share
+    #: out the routed experts of every MoE block (:mod:`hyper_core.parallel.expert_parallel`).
+    ep: int = 1
+    #: With ``ep > 1``: the 1-D mesh of this rank's expert-parallel group ("ep") and the mesh
+    #: FSDP2 shards expert weights over: ("efsdp",) or ("dp_replicate", "efsdp"), the ranks
+    #: holding the same experts. :attr:`mesh` stays the data-parallel mesh of the other weights.
+    ep_mesh: Any = None
+    expert_mesh: Any = None
     #: Set by the trainer when the strategy materialises the model from rank 0: rank 0 builds
     #: it in full on the CPU, the other ranks on the meta device (see ``parallel.materialize``).
     meta_init: bool = False

@@ -38,6 +38,7 @@ class FSDP2(ParallelStrategy):
     shards_parameters = True
     meta_init = True
     loads_shards = True
+    expert_parallel = True
 
     def mixed_precision(self) -> object:
         """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``; unset
@@ -75,6 +76,10 @@ class FSDP2(ParallelStrategy):
                 "fsdp2: no module matches the sharding units %s; the model is one FSDP unit",
                 ", ".join(plan.sharding_units) or "(none)",
             )
+        if plan.moe_blocks and dist.ep > 1:
+            from .expert_parallel import shard_experts
+
+            shard_experts(model, list(plan.moe_blocks), dist, mp)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)

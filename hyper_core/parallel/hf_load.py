@@ -14,9 +14,11 @@ go through transformers' own conversion mapping for the model class, the one
 ``from_pretrained`` gives. transformers 5 slices DTensor parameters on read (its
 ``DtensorShardOperation``; per-expert tensors a rank does not own are not read at all). That
 is right for renames and for conversions that keep dim 0 (stacking experts, concatenating
-along a later dim, transposing later dims); a conversion that reshapes dim 0 (Kimi's vision
-``wqkv`` split into q/k/v and permuted for RoPE) reads its sources whole, converts, and keeps
-the rank's rows (:func:`_load_whole`): such tensors are small, one at a time.
+along a later dim). A conversion that transposes later dims (Qwen3-VL-MoE's stacked experts)
+reads the rank's rows of its sources, converts, and keeps the rank's part; one that reshapes
+dim 0 (Kimi's vision ``wqkv`` split into q/k/v and permuted for RoPE) reads its sources whole,
+converts, and keeps the rank's part (:func:`_load_whole`): such tensors are small, one at a
+time.
 
 The parameters arrive on meta (sharded, no storage): transformers puts a new parameter
 holding the rank's shard in each slot, FSDP2 adopts the module's current parameters at its
@@ -95,6 +97,11 @@ def _sequential_reads() -> Iterator[None]:
 #: initialises them after ``parallelize_model`` (``on_stage_end``).
 CHECKPOINT_VIEW = "hyper_train_checkpoint_view"
 
+#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
+#: run (once, then removed) when the weights are in, outside :data:`CHECKPOINT_VIEW`. ``ddp``
+#: sets it to wrap the model in ``DistributedDataParallel`` then.
+AFTER_LOAD = "hyper_train_after_load"
+
 
 def load_hf_shards(
     model: torch.nn.Module, path: Path, dist: DistEnv, conversions: list[Any]
@@ -106,6 +113,10 @@ def load_hf_shards(
     view = getattr(model, CHECKPOINT_VIEW, None)
     with view() if view is not None else contextlib.nullcontext():
         _load_hf_shards(model, path, dist, conversions)
+    after = getattr(model, AFTER_LOAD, None)
+    if after is not None:
+        delattr(model, AFTER_LOAD)
+        after()
 
 
 def _load_hf_shards(
@@ -129,6 +140,8 @@ def _load_hf_shards(
 
     t0 = time.perf_counter()
     groups = tie_groups(model)
+    # transformers makes a loaded (non-DTensor) parameter trainable: keep frozen ones frozen
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
     files = weight_files(path)
     size = sum(f.stat().st_size for f in files)
     if dist.is_main:
@@ -152,6 +165,9 @@ def _load_hf_shards(
             info, _ = convert_and_load_state_dict_in_model(model, sliced, config, None)
         _load_whole(model, whole, info)
         _retie(groups)
+        for name, param in model.named_parameters():
+            if param.requires_grad != trainable.get(name, param.requires_grad):
+                param.requires_grad_(trainable[name])
     finally:
         for h in handles:
             h.__exit__(None, None, None)
@@ -200,13 +216,64 @@ def _split_by_conversion(
             key, renamings, converters, model.base_model_prefix, targets
         )
         converter = by_pattern.get(pattern) if pattern is not None else None
-        if converter is None or _keeps_dim0(converter) or target not in targets:
+        if converter is None or target not in targets:
             sliced[key] = lazy[key]
             continue
-        job = whole.setdefault(target, deepcopy(converter))
-        read = partial(_read_whole, lazy[key], targets[target].dtype)
+        rows = _dim0_rows(targets[target]) if _keeps_dim0(converter) else None
+        if rows is not None and not _transposes(converter):
+            sliced[key] = lazy[key]
+            continue
+        read_rows = rows is not None and len(lazy[key].get_shape()) == targets[target].dim()
+        job, _ = whole.setdefault(target, (deepcopy(converter), rows[0] if read_rows else 0))
+        if read_rows and _layout_already(converter, lazy[key], targets[target]):
+            job.operations = []  # see _layout_already
+        if read_rows:
+            read = partial(_read_rows, lazy[key], targets[target].dtype, rows)
+        else:
+            read = partial(_read_whole, lazy[key], targets[target].dtype)
         job.add_tensor(target, key, pattern, read)
     return sliced, whole
+
+
+def _transposes(converter: Any) -> bool:
+    """Whether the conversion permutes dims: transformers' shard-on-read checks the slice's
+    shape against the parameter before converting, so these are read (the rank's rows) and
+    converted here (e.g. Qwen3-VL-MoE's stacked experts, stored ``(E, I, H)`` for
+    ``(E, H, I)``)."""
+    from transformers.core_model_loading import Transpose
+
+    return any(isinstance(op, Transpose) for op in converter.operations)
+
+
+def _layout_already(converter: Any, source: Any, target: Any) -> bool:
+    """Whether a transpose the converter makes only when the shapes differ (``check_dims``)
+    is not needed: the checkpoint already has the module's layout (an export of ours). The
+    check itself would compare the rank's rows against the whole parameter, and so
+    transpose."""
+    ops = converter.operations
+    checked = all(getattr(op, "check_dims", False) for op in ops)
+    return checked and tuple(source.get_shape()) == tuple(target.shape)
+
+
+def _dim0_rows(target: Any) -> tuple[int, int] | None:
+    """The rows ``[start, stop)`` of dim 0 that this rank's shard of ``target`` lies in (all
+    rows for a plain tensor); None when they are not one run (a strided shard) or 0-d."""
+    if target.dim() == 0:
+        return None
+    if not hasattr(target, "device_mesh"):
+        return (0, target.shape[0])
+    if any(type(p).__name__ == "_StridedShard" for p in target.placements):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(
+        target.shape, target.device_mesh, target.placements
+    )
+    return (offset[0], offset[0] + shape[0])
+
+
+def _read_rows(source: Any, dtype: Any, rows: tuple[int, int]) -> Any:
+    return source[rows[0] : rows[1]].to(dtype=dtype)
 
 
 def _natural(key: str) -> list[Any]:
@@ -224,7 +291,7 @@ def _load_whole(model: torch.nn.Module, whole: dict[str, Any], info: Any) -> Non
     """Run each whole-read conversion and keep the rank's part of every tensor it gives."""
     from transformers.core_model_loading import set_param_for_module
 
-    for first, job in whole.items():
+    for first, (job, start) in whole.items():
         realized = job.convert(first, model=model, config=model.config, loading_info=info)
         for name, value in realized.items():
             full = value[0] if isinstance(value, list) else value
@@ -233,12 +300,13 @@ def _load_whole(model: torch.nn.Module, whole: dict[str, Any], info: Any) -> Non
             current = module._parameters.get(leaf)
             if current is None:
                 current = module._buffers[leaf]
-            set_param_for_module(model, name, _rows(current, full), info, None)
+            set_param_for_module(model, name, _rows(current, full, start), info, None)
         del realized
 
 
-def _rows(target: Any, full: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``full`` for ``target`` (a DTensor shard, or the whole tensor)."""
+def _rows(target: Any, full: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """This rank's part of ``full`` for ``target`` (a DTensor shard, or the whole tensor);
+    ``full`` holds the target's rows from ``start`` on."""
     if not hasattr(target, "device_mesh"):
         return full
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -246,6 +314,7 @@ def _rows(target: Any, full: torch.Tensor) -> torch.Tensor:
     shape, offset = compute_local_shape_and_global_offset(
         target.shape, target.device_mesh, target.placements
     )
+    offset = (offset[0] - start, *offset[1:])
     return full[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))].clone()
 
 

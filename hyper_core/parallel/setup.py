@@ -72,14 +72,12 @@ def init_distributed(config: Any) -> DistEnv:
                 )
             ]
         )
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if replicate > 1:
-        mesh = init_device_mesh(
-            device.type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
+    if shard % par.ep:
+        raise ConfigError([("$.parallel.ep", f"{par.ep} does not divide dp_shard ({shard})")])
+    if par.ep > 1:
+        mesh, ep_mesh, expert_mesh = expert_parallel_meshes(device.type, replicate, shard, par.ep)
     else:
-        mesh = init_device_mesh(device.type, (shard,), mesh_dim_names=("dp_shard",))
+        mesh, ep_mesh, expert_mesh = data_parallel_mesh(device.type, replicate, shard), None, None
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
@@ -89,4 +87,30 @@ def init_distributed(config: Any) -> DistEnv:
         mesh=mesh,
         dp_replicate=replicate,
         dp_shard=shard,
+        ep=par.ep,
+        ep_mesh=ep_mesh,
+        expert_mesh=expert_mesh,
     )
+
+
+def data_parallel_mesh(device_type: str, replicate: int, shard: int) -> Any:
+    """The ``(dp_replicate, dp_shard)`` mesh, or ``(dp_shard,)`` without replicas."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if replicate > 1:
+        return init_device_mesh(
+            device_type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
+
+
+def expert_parallel_meshes(device_type: str, replicate: int, shard: int, ep: int) -> tuple:
+    """``(data-parallel mesh, ep mesh, expert FSDP mesh)``: the data-parallel mesh with
+    ``dp_shard`` unflattened into ``(efsdp, ep)``, so the ``ep`` ranks of a group are
+    consecutive (one node when ``ep`` ≤ GPUs per node) and FSDP2 composes the expert shards
+    (DTensors on "ep") with its own over "efsdp" (and "dp_replicate")."""
+    mesh = data_parallel_mesh(device_type, replicate, shard)
+    experts = mesh._unflatten("dp_shard", (shard // ep, ep), ("efsdp", "ep"))
+    if replicate > 1:
+        return mesh, experts["ep"], experts["dp_replicate", "efsdp"]
+    return mesh, experts["ep"], experts["efsdp"]

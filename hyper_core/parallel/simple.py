@@ -37,14 +37,19 @@ class NoParallel(ParallelStrategy):
 class DDP(ParallelStrategy):
     """``torch.nn.parallel.DistributedDataParallel``: full replicas, averaged gradients.
 
-    Rank 0's weights reach the other ranks through DDP's own start-up broadcast of parameters
-    and buffers (the other ranks only allocate storage for their meta model). ``[parallel]
+    Weights from ``[model] path`` (``dist.sharded_load``): every rank reads the whole
+    checkpoint itself (the ``parallelize_model`` stage's per-rank load, which gives each rank
+    the same values), so no rank waits for rank 0 and none holds the model twice; DDP wraps the
+    model once its weights are in, without a broadcast (:func:`_wrap_after_load`). A random
+    init reaches the other ranks through DDP's start-up broadcast of rank 0's parameters and
+    buffers (the other ranks only allocate storage for their meta model). ``[parallel]
     reduce_dtype = "bfloat16"``/``"float16"`` compresses the gradient all-reduce (a DDP comm
     hook); ``param_dtype`` is FSDP2's: with DDP use ``[training] mixed_precision``.
     """
 
     name = "ddp"
     meta_init = True
+    loads_shards = True  # its "shard" is the whole model
 
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
         if self.parallel.param_dtype is not None:
@@ -63,15 +68,27 @@ class DDP(ParallelStrategy):
 
         from .materialize import materialize, move_to
 
+        if dist.sharded_load:
+            return _wrap_after_load(model, dist, self._init_ddp)
         if dist.rank == 0:
             move_to(model, dist.device)
         else:
             materialize(model, dist.device)
+        ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+        self._init_ddp(ddp, model, dist, init_sync=True)  # broadcasts rank 0's weights
+        return ddp
+
+    def _init_ddp(self, ddp: Any, model: torch.nn.Module, dist: DistEnv, init_sync: bool) -> None:
+        """Set up ``ddp`` (a ``DistributedDataParallel`` not yet initialised) around
+        ``model``, with the ``reduce_dtype`` comm hook."""
+        from torch.nn.parallel import DistributedDataParallel
+
         device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-        ddp = DistributedDataParallel(
+        DistributedDataParallel.__init__(
+            ddp,
             model,
             device_ids=device_ids,
-            init_sync=True,  # broadcasts rank 0's parameters and buffers
+            init_sync=init_sync,
             forward_sync_buffers=False,
             find_unused_parameters=False,
         )
@@ -85,9 +102,60 @@ class DDP(ParallelStrategy):
                 else default_hooks.fp16_compress_hook
             )
             ddp.register_comm_hook(None, hook)
-        return ddp
 
     def no_sync(self, model: torch.nn.Module, last_micro_step: bool) -> Any:
+        _finish_pending(model)
         if last_micro_step or not hasattr(model, "no_sync"):
             return contextlib.nullcontext()
         return model.no_sync()
+
+
+#: Attribute of a ``DistributedDataParallel`` returned before its weights were loaded: the
+#: callable that sets it up (see :func:`_wrap_after_load`).
+_PENDING = "_hyper_train_pending_ddp"
+
+
+def _wrap_after_load(model: torch.nn.Module, dist: DistEnv, init: Any) -> torch.nn.Module:
+    """A ``DistributedDataParallel`` around the meta ``model``, set up once the weights are in.
+
+    Its buffers are allocated here (non-persistent ones recomputed); the ``parallelize_model``
+    stage then fills the parameters from ``[model] path`` on every rank
+    (:func:`~hyper_core.parallel.hf_load.load_hf_shards` on ``.module``, which runs
+    :data:`~hyper_core.parallel.hf_load.AFTER_LOAD` at its end). DDP is set up then, without
+    broadcasting, or, when a plugin still has parameters on meta to initialise after the stage
+    (LoRA), at the first forward (or ``no_sync``).
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .hf_load import AFTER_LOAD
+    from .materialize import materialize_buffers
+
+    materialize_buffers(model, dist.device)
+    ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+    torch.nn.Module.__init__(ddp)
+    ddp.module = model  # what strategy.unwrap and the load see until DDP is set up
+
+    def finish() -> None:
+        meta = [name for name, p in model.named_parameters() if p.is_meta]
+        if meta:
+            raise RuntimeError(f"ddp: {meta[0]} has no value when DDP wraps the model")
+        hook.remove()
+        del ddp.__dict__[_PENDING]
+        init(ddp, model, dist, init_sync=False)  # every rank read the same files
+
+    def after_load() -> None:
+        if not any(p.is_meta for p in model.parameters()):
+            finish()
+
+    hook = ddp.register_forward_pre_hook(lambda module, args: _finish_pending(module))
+    ddp.__dict__[_PENDING] = finish
+    setattr(model, AFTER_LOAD, after_load)
+    return ddp
+
+
+def _finish_pending(model: Any) -> None:
+    """Set up a DDP wrapper of :func:`_wrap_after_load` if it still waits."""
+    finish = getattr(model, "__dict__", {}).get(_PENDING)
+    if finish is not None:
+        finish()

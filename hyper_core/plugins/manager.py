@@ -21,6 +21,7 @@ import pluggy
 from .. import hookspecs
 from ..errors import PluginError
 from ..registry import CommandSpec, Registries
+from .run_hooks import RunHooks
 
 log = logging.getLogger("hyper_train.plugins")
 
@@ -81,6 +82,8 @@ class PluginHost:
         self.strict = _strict_from_env() if strict is None else strict
         self.records: dict[str, PluginRecord] = {}
         self.registries = Registries()
+        #: Per-run objects registered now, by plugin name -> the run that registered them.
+        self._run_plugins: dict[str, RunHooks] = {}
         self._only = set(only) if only is not None else _filter_from_env()
         for module in builtins:
             self._register_module(module, name=module, status="builtin")
@@ -135,7 +138,10 @@ class PluginHost:
     @staticmethod
     def _spec_names() -> set[str]:
         return set(
-            hookspecs.BUILD_STAGES + hookspecs.LIFECYCLE_EVENTS + hookspecs.REGISTRATION_HOOKS
+            hookspecs.BUILD_STAGES
+            + hookspecs.LIFECYCLE_EVENTS
+            + hookspecs.REGISTRATION_HOOKS
+            + hookspecs.COMMAND_HOOKS
         )
 
     def _selected(self, ep: md.EntryPoint) -> bool:
@@ -348,6 +354,26 @@ class PluginHost:
     def fire(self, event: str, **kwargs: Any) -> None:
         """Fire a lifecycle event."""
         getattr(self.pm.hook, event)(**kwargs)
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def for_run(self) -> RunHooks:
+        """A view of this host for one run: what it calls skips other runs' objects."""
+        return RunHooks(self)
+
+    def add_run_plugin(self, obj: Any, name: str, *, owner: RunHooks) -> None:
+        """Register one run's object (:meth:`RunHooks.register`)."""
+        self.pm.register(obj, name=name)
+        self._run_plugins[name] = owner
+
+    def remove_run_plugin(self, name: str) -> None:
+        """Unregister one run's object, if still registered."""
+        if self._run_plugins.pop(name, None) is not None and self.pm.has_plugin(name):
+            self.pm.unregister(name=name)
+
+    def run_plugin_names(self, *, exclude: RunHooks | None = None) -> set[str]:
+        """Plugin names of the per-run objects registered now, but those of ``exclude``."""
+        return {n for n, owner in list(self._run_plugins.items()) if owner is not exclude}
 
 
 _HOSTS: dict[tuple[Any, ...], PluginHost] = {}

@@ -42,6 +42,17 @@ FILES: dict[str, tuple[tuple[str, str], ...]] = {
         ("${package}/adapter.py", "adapter/adapter.py.tmpl"),
         ("tests/test_${ident}.py", "adapter/test_adapter.py.tmpl"),
     ),
+    # ``--kind adapter --vision``: a vision-language adapter, after the LLaVA example.
+    "adapter-vision": (
+        ("pyproject.toml", "common/pyproject.toml.tmpl"),
+        ("README.md", "adapter_vision/README.md.tmpl"),
+        ("${package}/__init__.py", "common/__init__.py.tmpl"),
+        ("${package}/plugin.py", "adapter_vision/plugin.py.tmpl"),
+        ("${package}/adapter.py", "adapter_vision/adapter.py.tmpl"),
+        ("${package}/processor.py", "adapter_vision/processor.py.tmpl"),
+        ("${package}/tokens.py", "adapter_vision/tokens.py.tmpl"),
+        ("tests/test_${ident}.py", "adapter_vision/test_adapter.py.tmpl"),
+    ),
 }
 
 
@@ -93,9 +104,11 @@ class PluginNames:
         }
 
 
-def _check(names: PluginNames, kind: str) -> None:
+def _check(names: PluginNames, kind: str, vision: bool) -> None:
     if kind not in KINDS:
         raise UserError(f"new-plugin: --kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if vision and kind != "adapter":
+        raise UserError("new-plugin: --vision goes with --kind adapter")
     if kind == "plugin":
         from ..config.schema import CORE_SECTIONS  # attrs only, no torch
 
@@ -106,25 +119,28 @@ def _check(names: PluginNames, kind: str) -> None:
             )
 
 
-def render(name: str, kind: str) -> dict[str, str]:
-    """The scaffold's files, relative path → text (nothing written)."""
+def render(name: str, kind: str, *, vision: bool = False) -> dict[str, str]:
+    """The scaffold's files, relative path → text (nothing written); ``vision``: a
+    vision-language adapter (``--kind adapter --vision``)."""
     names = PluginNames.from_name(name)
-    _check(names, kind)
+    _check(names, kind, vision)
     subs = names.substitutions(kind)
     templates = resources.files(__name__) / "templates"
     files = {}
-    for out, src in FILES[kind]:
+    for out, src in FILES[f"{kind}-vision" if vision else kind]:
         text = (templates / src).read_text(encoding="utf-8")
         files[string.Template(out).substitute(subs)] = string.Template(text).substitute(subs)
     return files
 
 
-def scaffold(name: str, kind: str, out_dir: str | os.PathLike[str] = ".") -> Path:
+def scaffold(
+    name: str, kind: str, out_dir: str | os.PathLike[str] = ".", *, vision: bool = False
+) -> Path:
     """Write ``out_dir/hyper-train-NAME/``; returns that folder.
 
     Raises :class:`UserError` for a bad name or kind, or when the folder exists and isn't empty.
     """
-    files = render(name, kind)
+    files = render(name, kind, vision=vision)
     target = Path(out_dir) / PluginNames.from_name(name).distribution
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UserError(f"new-plugin: {target} already exists and is not empty; not overwriting")

@@ -8,8 +8,11 @@
 Each check is a function of an :class:`AdapterUnderTest` in :data:`CHECKS`; it raises
 ``AssertionError`` with what is wrong. Text adapters (no processor) are held to the text
 contract (no vision encoder, image samples rejected); vision-language adapters to the VL one
-(odd-sized images, several per sample, per-image encoder, vision FLOPs). The 2-rank ``fsdp2``
-check runs only with ``distributed=True`` (it launches ``torch.distributed.run``).
+(odd-sized images, several per sample, per-image encoder, vision FLOPs). Every export must
+serve stock transformers (:func:`~hyper_core.testing.conformance_inference.check_stock_inference`);
+a check that cannot apply (no stock processor loads) reports ``not applicable`` with the reason.
+The 2-rank ``fsdp2`` check runs only with ``distributed=True`` (it launches
+``torch.distributed.run``).
 For per-check pytest items, subclass
 :class:`hyper_core.testing.conformance_suite.AdapterConformance` instead.
 """
@@ -29,13 +32,16 @@ from typing import Any
 
 import attrs
 
+from .conformance_inference import NotApplicable, check_stock_inference
+
 #: Tolerance of the equivalence checks (packed vs padded, export round trip).
 ATOL = 1e-5
 
 
 @attrs.frozen
 class CheckResult:
-    """The outcome of one check: ``status`` is ``passed``, ``failed`` or ``not run``."""
+    """The outcome of one check: ``status`` is ``passed``, ``failed``, ``not applicable`` (the
+    check cannot apply to this adapter; ``detail`` says why) or ``not run``."""
 
     name: str
     status: str
@@ -552,6 +558,7 @@ CHECKS: dict[str, Callable[[AdapterUnderTest], str]] = {
     "vision_encoder": check_vision_encoder,
     "flops": check_flops,
     "export_roundtrip": check_export_roundtrip,
+    "stock_inference": check_stock_inference,
     "two_rank_fsdp2": check_two_rank_fsdp2,
 }
 #: Checks that run only when asked for (``distributed=True``).
@@ -567,6 +574,7 @@ def check_adapter(
     distributed: bool = False,
     workdir: str | os.PathLike[str] | None = None,
     raise_on_failure: bool = True,
+    extra_checks: Mapping[str, Callable[[AdapterUnderTest], str]] | None = None,
 ) -> ConformanceReport:
     """Run every conformance check on adapter ``name``; raise ``AssertionError`` listing the
     failed ones (with ``raise_on_failure``), else return the report.
@@ -574,16 +582,19 @@ def check_adapter(
     ``tiny_config`` is the adapter's named config (``"tiny"``) or ``[model]`` keys;
     ``sample_data`` a JSONL path or raw samples (default: the kit's 0/1/2-image samples for a
     VL adapter, three chats for a text one); ``plugins`` the plugin modules or objects to load
-    (default: every installed plugin).
+    (default: every installed plugin); ``extra_checks`` more checks of the same form, run after
+    these (e.g. ``hyper_peft.conformance.LORA_CHECKS``: the adapter with LoRA).
     """
     subject = AdapterUnderTest(name, tiny_config, sample_data, plugins=plugins, workdir=workdir)
     results = []
-    for check, fn in CHECKS.items():
+    for check, fn in {**CHECKS, **(extra_checks or {})}.items():
         if check in DISTRIBUTED_CHECKS and not distributed:
             results.append(CheckResult(check, "not run", "distributed=False"))
             continue
         try:
             results.append(CheckResult(check, "passed", fn(subject)))
+        except NotApplicable as exc:
+            results.append(CheckResult(check, "not applicable", str(exc)))
         except Exception as exc:  # a check's error is that check's failure, reported with it
             results.append(CheckResult(check, "failed", f"{type(exc).__name__}: {exc}"))
     report = ConformanceReport(name, tuple(results))
@@ -597,5 +608,7 @@ __all__ = [
     "AdapterUnderTest",
     "CheckResult",
     "ConformanceReport",
+    "NotApplicable",
     "check_adapter",
+    "check_stock_inference",
 ]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
 from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
+from ..step.grad_norm import clip_grads, total_grad_norm
 from ..step.label_positions import keep_label_positions, supports_label_positions
 from ..step.lockstep import Lockstep
 from ..step.loss import causal_lm_loss
@@ -48,7 +49,8 @@ class Trainer:
 
     def __init__(self, config: Config, host: PluginHost) -> None:
         self.config = config
-        self.host = host
+        #: The host as this run sees it: its stages and events skip other runs' objects.
+        self.host = host.for_run()
         self.registries = host.registries
         self.state = TrainState()
         self.built: list[str] = []
@@ -115,6 +117,7 @@ class Trainer:
         self.dist = self._stage("setup_distributed", config=cfg)
         self.lockstep = Lockstep(self.dist)
         self.adapter = resolve_adapter(cfg.model, self.registries)
+        self.adapter.parse_options(cfg.model)  # [model.options], before anything is built
         self.strategy = resolve_strategy(cfg, self.registries)
         self._build_callbacks()
         # Rank 0 builds the model in full and the others on meta when the strategy broadcasts
@@ -214,11 +217,8 @@ class Trainer:
         )
         for result in results:
             for callback in result if isinstance(result, list | tuple) else [result]:
-                if callback is None or self.host.pm.is_registered(callback):
-                    continue
-                name = f"run-{type(callback).__name__}-{id(callback):x}"
-                self.host.pm.register(callback, name=name)
-                self.callbacks.append(callback)
+                if callback is not None and self.host.register(callback):
+                    self.callbacks.append(callback)
         self.built.append("build_callbacks")
         self.host.fire("on_stage_end", stage="build_callbacks", result=self.callbacks, trainer=self)
 
@@ -313,9 +313,9 @@ class Trainer:
             self.evaluate()
         self.checkpointer.wait()
         if cfg.checkpoint.export_hf and self.state.global_step >= self.train_iters:
-            from ..export import export_trained_model
+            from ..export import export_at_end
 
-            export_trained_model(self, Path(cfg.run.output_dir) / "hf")
+            export_at_end(self, Path(cfg.run.output_dir) / "hf")
         if cfg.training.compile and self.dist.is_main:
             from ..parallel.compile import compile_counts
 
@@ -473,27 +473,18 @@ class Trainer:
     def _grad_norm(self) -> Any:
         """Global L2 norm of the gradients (a 0-d tensor); None when no parameter has one.
 
-        Sharded (DTensor) gradients give a partial norm per rank; ``full_tensor`` reduces it
-        over the mesh, so every rank gets the norm of the whole model (DDP gradients are
-        already all-reduced replicas).
+        Sharded (DTensor) gradients give a partial norm per rank, reduced over their meshes
+        (:mod:`hyper_core.step.grad_norm`), so every rank gets the norm of the whole model
+        (DDP gradients are already all-reduced replicas).
         """
-        import torch
-
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return None
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return total_grad_norm(self.model.parameters())
 
     def _clip_gradients(self, norm: Any) -> None:
         """Scale the gradients so that their global norm ``norm`` is at most ``max_grad_norm``."""
-        import torch
-
         max_norm = self.config.training.max_grad_norm
         if max_norm is None or norm is None:
             return
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        clip_grads(self.model.parameters(), max_norm, norm)
 
     def _flops(self, micro_batches: list[Any]) -> float:
         try:
@@ -585,9 +576,7 @@ class Trainer:
         self._unregister_callbacks()
 
     def _unregister_callbacks(self) -> None:
-        for callback in self.callbacks:
-            if self.host.pm.is_registered(callback):
-                self.host.pm.unregister(callback)
+        self.host.unregister_all()
 
 
 def loader_epoch_done(loader: Any) -> bool:

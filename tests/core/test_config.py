@@ -581,6 +581,7 @@ def test_dump_fills_defaults_and_spells_keys() -> None:
         "resume": "auto",
         "save_final": True,
         "export_hf": False,
+        "export_dtype": "auto",
         "async": False,
     }
     assert data["data"]["train"] == "data/train.jsonl"

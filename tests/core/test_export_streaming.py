@@ -333,5 +333,7 @@ def test_conformance_catches_a_conversion_across_export_groups(tmp_path: Path) -
         workdir=tmp_path,
         raise_on_failure=False,
     )
-    assert [r.name for r in report.failures] == ["export_roundtrip"], str(report)
-    assert "model.norm.weight is written with the embeddings" in report.failures[0].detail
+    # Both checks that export fail (stock inference loads an export too); nothing else does.
+    assert [r.name for r in report.failures] == ["export_roundtrip", "stock_inference"], str(report)
+    for failure in report.failures:
+        assert "model.norm.weight is written with the embeddings" in failure.detail

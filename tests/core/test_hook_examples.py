@@ -19,10 +19,16 @@ import torch
 from hyper_core import hookimpl
 from hyper_core.data.text_demo import ensure_text_demo
 from hyper_core.docgen import example_of, render_hooks
-from hyper_core.hookspecs import BUILD_STAGES, LIFECYCLE_EVENTS, REGISTRATION_HOOKS
+from hyper_core.hookspecs import (
+    BUILD_STAGES,
+    COMMAND_HOOKS,
+    LIFECYCLE_EVENTS,
+    REGISTRATION_HOOKS,
+)
 from hyper_core.testing import isolated_host, run_tiny_training, tiny_text_config
 
-ALL_HOOKS = REGISTRATION_HOOKS + BUILD_STAGES + LIFECYCLE_EVENTS
+# The command hooks' examples run in test_export_hook.py.
+ALL_HOOKS = REGISTRATION_HOOKS + BUILD_STAGES + LIFECYCLE_EVENTS + COMMAND_HOOKS
 
 
 class Counter:

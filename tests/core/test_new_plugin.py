@@ -137,7 +137,11 @@ def test_an_existing_empty_folder_is_filled(tmp_path: Path) -> None:
 def test_the_generated_python_compiles_and_passes_ruff(
     kind: str, name: str, tmp_path: Path
 ) -> None:
-    root = _scaffold(tmp_path, kind, name)
+    assert_generated_code_is_clean(_scaffold(tmp_path, kind, name))
+
+
+def assert_generated_code_is_clean(root: Path) -> None:
+    """Every ``.py`` under ``root`` compiles and passes ``ruff check`` and ``ruff format``."""
     for path in root.rglob("*.py"):
         compile(path.read_text(), str(path), "exec")
     if RUFF is None:
@@ -218,7 +222,7 @@ def _plugin_names(python: str | Path, cwd: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_scaffold_installs_is_found_and_passes_its_tests(kind: str, tmp_path: Path) -> None:
     name = f"fresh-{kind}"
@@ -242,3 +246,15 @@ def test_a_scaffold_installs_is_found_and_passes_its_tests(kind: str, tmp_path: 
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
     passed = 5 if kind == "plugin" else 4
     assert f"{passed} passed" in tests.stdout, tests.stdout[-2000:]
+    if kind == "adapter":  # --vision, in the same environment: it passes conformance there too
+        vl_args = ["--kind", "adapter", "--vision", "--out", str(tmp_path / "vl")]
+        assert main(["new-plugin", "fresh-vl", *vl_args]) == 0
+        vl_root = tmp_path / "vl" / "hyper-train-fresh-vl"
+        proc = _run([*pip, "--quiet", vl_root], tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert _plugin_names(python, tmp_path).get("fresh-vl") == "loaded"
+        tests = _run(
+            [python, "-m", "pytest", vl_root / "tests", "-q", "-p", "no:cacheprovider"], tmp_path
+        )
+        assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+        assert "3 passed" in tests.stdout, tests.stdout[-2000:]

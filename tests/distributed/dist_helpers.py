@@ -5,10 +5,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import attrs
 import pytest
 
 from hyper_core.testing import processes, tiny_text_config
@@ -110,6 +113,53 @@ def load_toml(path: Path, overrides: Sequence[str] = ()) -> Any:
 subprocess_env = functools.partial(processes.subprocess_env, (HERE, REPO))
 hyper_train = functools.partial(processes.hyper_train, importable=(HERE, REPO), timeout=120)
 torchrun = functools.partial(processes.torchrun, importable=(HERE, REPO), timeout=180)
+
+
+#: ``dist_worker.py`` prints this line (rank 0, stderr) before each job.
+JOB_MARK = re.compile(r"^dist_worker: job (\S+)$", re.M)
+
+
+@attrs.frozen
+class TwoRankRuns:
+    """The shared launch's results (``conftest.two_rank_runs``): each module's jobs'
+    output_dirs under ``root/<module name>``, and rank 0's stderr of each job."""
+
+    root: Path
+    logs: Mapping[str, str]
+
+    def dir(self, module: str) -> Path:
+        """The folder of ``module``'s jobs (the ``root`` its ``two_rank_jobs`` got)."""
+        return self.root / module
+
+    def log(self, out: Path) -> str:
+        """Rank 0's stderr while it ran the job whose output_dir is ``out``."""
+        return self.logs[str(out)]
+
+
+def split_job_logs(stderr: str) -> dict[str, str]:
+    """``output_dir -> stderr`` between its job's mark and the next."""
+    marks = list(JOB_MARK.finditer(stderr))
+    ends = [m.start() for m in marks[1:]] + [len(stderr)]
+    return {m.group(1): stderr[m.end() : end] for m, end in zip(marks, ends, strict=True)}
+
+
+def launch_two_rank_jobs(modules: Sequence[ModuleType], root: Path) -> TwoRankRuns:
+    """The ``two_rank_jobs(root / module name)`` of every module in one ``dist_worker.py``
+    launch on 2 ranks, within the sum of their ``TWO_RANK_TIMEOUT_S`` (300 s unless set)."""
+    jobs: list[dict[str, Any]] = []
+    for module in modules:
+        jobs += module.two_rank_jobs(root / module.__name__)
+    for job in jobs:  # a hang fails within a minute or two instead of the default 10
+        job["config"].setdefault("parallel", {}).setdefault("timeout_s", 60)
+    timeout = sum(getattr(module, "TWO_RANK_TIMEOUT_S", 300) for module in modules)
+    jobs_file = root / "jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=timeout)
+    logs = split_job_logs(proc.stderr)
+    failed = f"the job of {list(logs)[-1]} failed:\n" if logs else ""
+    assert proc.returncode == 0, failed + proc.stderr[-6000:]
+    assert sorted(logs) == sorted(job["config"]["run"]["output_dir"] for job in jobs)
+    return TwoRankRuns(root, logs)
 
 
 def losses(out: Path) -> dict[int, float]:

@@ -2,14 +2,18 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py JOBS.json
 
-``JOBS.json`` is a list of ``{"config": RAW_CONFIG_DICT, "probe": bool}``. Rank 0 writes each
-job's ``config.toml`` and ``worker.json`` (wall time, checkpoint save/load seconds) into its
-output_dir, and with ``probe`` the logits of the trained (sharded) model on a fixed input to
-``probe_logits.pt``. Sharing the process across jobs keeps the test folder fast on 2 cores.
+``JOBS.json`` is a list of ``{"config": RAW_CONFIG_DICT, "probe": bool, "inspect": str}``.
+Before each job rank 0 prints ``dist_worker: job OUTPUT_DIR`` to stderr (the launch's log splits
+there). Rank 0 writes each job's ``config.toml`` and ``worker.json`` (wall time, checkpoint
+save/load seconds) into its output_dir; with ``probe`` the logits of the trained (sharded) model
+on a fixed input to ``probe_logits.pt``; with ``inspect = "MODULE:FUNCTION"``, ``FUNCTION(trainer)``
+is called after setup and returns a callable whose result (after training, a JSON-able dict)
+goes to ``inspect.json``. Sharing the process across jobs keeps the test folder fast on 2 cores.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -35,6 +39,9 @@ def main(jobs_file: str) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.ERROR)
     host = get_plugin_host()
     for job in json.loads(Path(jobs_file).read_text()):
+        if rank == 0:
+            print(f"dist_worker: job {job['config']['run']['output_dir']}", file=sys.stderr)
+            sys.stderr.flush()
         config = load_config_dict(job["config"], sections=host.registries.config_sections)
         out = Path(config.run.output_dir)
         t0 = time.perf_counter()
@@ -43,8 +50,16 @@ def main(jobs_file: str) -> None:
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.toml").write_text(dump_config(config))
+        seen = None
+        if job.get("inspect"):
+            module, function = job["inspect"].split(":")
+            seen = getattr(importlib.import_module(module), function)(trainer)
         trainer.train()
         wall = time.perf_counter() - t0
+        if seen is not None:
+            result = seen()
+            if rank == 0:
+                (out / "inspect.json").write_text(json.dumps(result))
         if job.get("probe"):
             model = trainer.model
             model.eval()

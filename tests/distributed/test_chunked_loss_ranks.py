@@ -3,23 +3,22 @@ unsharded one; ddp) gives the losses and gradient norms of one process without c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dist_helpers import (
-    HERE,
+    TwoRankRuns,
     assert_close,
     grad_norms,
     losses,
     model_config,
-    torchrun,
     train_here,
     vl_available,
 )
 
 pytestmark = pytest.mark.slow
+TWO_RANK_TIMEOUT_S = 400
 STEPS = 5
 CHUNK = 2  # every micro-batch of these configs has more label tokens: all are chunked
 
@@ -34,21 +33,22 @@ def _config(model: str, out: Path, chunk: int | None, **parallel: Any) -> dict[s
     return model_config(model, out, training=training, parallel=parallel)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("chunked")
+def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
+    """This module's jobs of the shared 2-rank launch (``conftest.two_rank_runs``)."""
     models = ["text"] + (["vl"] if vl_available() else [])
-    jobs = []
-    for model in models:
+    return [
+        {"config": _config(model, root / f"{model}-{strategy}", CHUNK, strategy=strategy)}
+        for model in models
+        for strategy in ("fsdp2", "ddp")
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(two_rank_runs: TwoRankRuns) -> Path:
+    """The 2-rank runs, and next to them the 1-process references without chunks."""
+    root = two_rank_runs.dir(__name__)
+    for model in ["text"] + (["vl"] if vl_available() else []):
         train_here(_config(model, root / f"{model}-one", None))
-        for strategy in ("fsdp2", "ddp"):
-            cfg = _config(model, root / f"{model}-{strategy}", CHUNK, strategy=strategy)
-            cfg["parallel"]["timeout_s"] = 60
-            jobs.append({"config": cfg})
-    jobs_file = root / "jobs.json"
-    jobs_file.write_text(json.dumps(jobs))
-    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-6000:]
     return root
 
 

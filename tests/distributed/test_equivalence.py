@@ -1,5 +1,5 @@
 """2 ranks (ddp, fsdp2, HSDP) give the losses of 1 rank on the same global batch; a 2-rank
-checkpoint resumes on 1 rank and exports to HF. All 2-rank jobs run in one torchrun launch."""
+checkpoint resumes on 1 rank and exports to HF. The 2-rank jobs run in the shared launch."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from dist_helpers import (
-    HERE,
     MODELS,
+    TwoRankRuns,
     assert_close,
     grad_norms,
     kimi_available,
@@ -18,12 +18,12 @@ from dist_helpers import (
     model_config,
     one_thread,  # noqa: F401
     text_config,
-    torchrun,
     train_here,
     vl_available,
 )
 
 pytestmark = pytest.mark.slow
+TWO_RANK_TIMEOUT_S = 300
 
 
 def mixed_vl_data(root: Path) -> str:
@@ -122,18 +122,15 @@ def _jobs(root: Path) -> dict[str, dict[str, Any]]:
     return jobs
 
 
+def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
+    """This module's jobs of the shared 2-rank launch (``conftest.two_rank_runs``)."""
+    return list(_jobs(root).values())
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every 2-rank job, run once; returns the folder of their output_dirs."""
-    root = tmp_path_factory.mktemp("two-ranks")
-    jobs_file = root / "jobs.json"
-    jobs = list(_jobs(root).values())
-    for job in jobs:  # a hang fails within a minute instead of the default 10
-        job["config"].setdefault("parallel", {})["timeout_s"] = 60
-    jobs_file.write_text(json.dumps(jobs))
-    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return root
+def two_ranks(two_rank_runs: TwoRankRuns) -> Path:
+    """Every 2-rank job, run once (in the shared launch); the folder of their output_dirs."""
+    return two_rank_runs.dir(__name__)
 
 
 @pytest.fixture(scope="module")

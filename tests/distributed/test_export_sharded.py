@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from dist_helpers import (
-    HERE,
+    TwoRankRuns,
     kimi_available,
     model_config,
-    torchrun,
     vl_available,
 )
 
 pytestmark = pytest.mark.slow
+TWO_RANK_TIMEOUT_S = 400
 
 STEPS = 3
 MODELS = [
@@ -40,19 +40,22 @@ def _config(model: str, out: Path) -> dict[str, Any]:
     )
 
 
+def _models() -> list[str]:
+    return ["text"] + (["vl"] if vl_available() else []) + (["kimi"] if kimi_available() else [])
+
+
+def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
+    """This module's jobs of the shared 2-rank launch (``conftest.two_rank_runs``)."""
+    models = _models()
+    return [{"config": _config(model, root / model), "probe": model == "text"} for model in models]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("export-sharded")
-    models = ["text"] + (["vl"] if vl_available() else []) + (["kimi"] if kimi_available() else [])
-    out = {model: root / model for model in models}
-    jobs = [
-        {"config": _config(model, path), "probe": model == "text"} for model, path in out.items()
-    ]
-    jobs_file = root / "jobs.json"
-    jobs_file.write_text(json.dumps(jobs))
-    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    assert proc.stderr.count("export: wrote shard") >= len(models), proc.stderr[-3000:]
+def runs(two_rank_runs: TwoRankRuns) -> dict[str, Path]:
+    out = {model: two_rank_runs.dir(__name__) / model for model in _models()}
+    for path in out.values():
+        log = two_rank_runs.log(path)
+        assert log.count("export: wrote shard") >= 1, log[-3000:]
     return out
 
 

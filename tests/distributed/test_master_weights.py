@@ -2,37 +2,29 @@
 sharded parameters and AdamW state are fp32, while forward sees bf16 gathered parameters and
 gradients are reduced in fp32.
 
-Run as a script (by torchrun) it is the worker: it trains the job of ``JOB.json`` and rank 0
-writes what it saw to ``seen.json`` in the run's output directory.
+The job runs in the shared 2-rank launch; :func:`dtypes` (its ``inspect``) records what the
+ranks saw, and rank 0 writes it to ``inspect.json`` in the run's output directory.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dist_helpers import TwoRankRuns, losses, text_config
 
+pytestmark = pytest.mark.slow
+TWO_RANK_TIMEOUT_S = 300
 STEPS = 2
 
 
-def _inspect(job_file: str) -> None:
-    """The worker: train while recording the dtypes FSDP2 uses."""
-    import os
-
+def dtypes(trainer: Any) -> Callable[[], dict[str, Any]]:
+    """Record the dtypes FSDP2 uses while ``trainer`` trains; the record, after training."""
     import torch
 
-    from hyper_core.config import load_config_dict
-    from hyper_core.plugins import get_plugin_host
-    from hyper_core.trainer.trainer import Trainer
-
-    host = get_plugin_host()
-    raw = json.loads(Path(job_file).read_text())
-    config = load_config_dict(raw, sections=host.registries.config_sections)
-    trainer = Trainer(config, host)
-    trainer.setup()
     model = trainer.model
     seen: dict[str, Any] = {"forward_weight": set(), "forward_output": set()}
     name, linear = next((n, m) for n, m in model.named_modules() if n.endswith("q_proj"))
@@ -44,42 +36,41 @@ def _inspect(job_file: str) -> None:
     linear.register_forward_hook(record)
     unit = next(m for m in model.modules() if hasattr(m, "_get_fsdp_state") and m is not model)
     policy = unit._get_fsdp_state()._fsdp_param_group.mp_policy
-    trainer.train()
-    optimizer = trainer.optimizer
-    states = {str(t.dtype) for s in optimizer.state.values() for k, t in s.items() if k != "step"}
-    result = {
-        "linear": name,
-        "param_dtype": str(policy.param_dtype),
-        "reduce_dtype": str(policy.reduce_dtype),
-        "params": sorted({str(p.dtype) for p in model.parameters()}),
-        "sharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
-        "optimizer_state": sorted(states),
-        "forward_weight": sorted(seen["forward_weight"]),
-        "forward_output": sorted(seen["forward_output"]),
-    }
-    if int(os.environ.get("RANK", "0")) == 0:
-        (Path(config.run.output_dir) / "seen.json").write_text(json.dumps(result))
-    import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    def result() -> dict[str, Any]:
+        optimizer = trainer.optimizer
+        states = {
+            str(t.dtype) for s in optimizer.state.values() for k, t in s.items() if k != "step"
+        }
+        return {
+            "linear": name,
+            "param_dtype": str(policy.param_dtype),
+            "reduce_dtype": str(policy.reduce_dtype),
+            "params": sorted({str(p.dtype) for p in model.parameters()}),
+            "sharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
+            "optimizer_state": sorted(states),
+            "forward_weight": sorted(seen["forward_weight"]),
+            "forward_output": sorted(seen["forward_output"]),
+        }
+
+    return result
 
 
-@pytest.mark.slow
-def test_default_bf16_training_keeps_fp32_master_weights_on_two_ranks(tmp_path: Path) -> None:
-    from dist_helpers import losses, text_config, torchrun
-
-    out = tmp_path / "run"
+def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
+    """This module's job of the shared 2-rank launch (``conftest.two_rank_runs``)."""
     raw = text_config(
-        out,
+        root / "run",
         training={"steps": STEPS, "mixed_precision": "bf16"},
         parallel={"strategy": "fsdp2", "timeout_s": 60},
     )
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps(raw))
-    proc = torchrun(Path(__file__), [str(job)], nproc=2, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    seen = json.loads((out / "seen.json").read_text())
+    return [{"config": raw, "inspect": f"{__name__}:dtypes"}]
+
+
+def test_default_bf16_training_keeps_fp32_master_weights_on_two_ranks(
+    two_rank_runs: TwoRankRuns,
+) -> None:
+    out = two_rank_runs.dir(__name__) / "run"
+    seen = json.loads((out / "inspect.json").read_text())
     print(seen)
     # the master weights and AdamW state: fp32, sharded
     assert seen["params"] == ["torch.float32"] and seen["sharded"]
@@ -89,7 +80,3 @@ def test_default_bf16_training_keeps_fp32_master_weights_on_two_ranks(tmp_path: 
     assert seen["forward_weight"] == ["torch.bfloat16"]
     assert seen["forward_output"] == ["torch.bfloat16"]
     assert len(losses(out)) == STEPS
-
-
-if __name__ == "__main__":
-    _inspect(sys.argv[1])

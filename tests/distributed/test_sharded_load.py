@@ -1,25 +1,24 @@
-"""Sharded loading from an HF directory (fsdp2: every rank reads only its slices) trains
-exactly like the rank-0 broadcast path (ddp) and a single process."""
+"""Sharded loading from an HF directory (fsdp2: every rank reads only its slices; ddp: every
+rank reads all of it) trains exactly like a single process."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dist_helpers import (
-    HERE,
+    TwoRankRuns,
     assert_close,
     kimi_available,
     losses,
     model_config,
-    torchrun,
     train_here,
     vl_available,
 )
 
 pytestmark = pytest.mark.slow
+TWO_RANK_TIMEOUT_S = 400
 
 MODELS = [
     "text",  # tied embeddings: lm_head is not in the checkpoint
@@ -56,36 +55,48 @@ def _config(model: str, out: Path, path: Path, **parallel: Any) -> dict[str, Any
     return cfg
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Per model: its HF directory, and the runs sharded (fsdp2), rank 0 (ddp), one process."""
-    root = tmp_path_factory.mktemp("sharded-load")
+PARALLEL = {
+    "fsdp2": {"strategy": "fsdp2"},
+    "ddp": {"strategy": "ddp"},
+    "hsdp": {"strategy": "fsdp2", "dp_replicate": 2},
+}
+
+
+def _models() -> list[str]:
+    return ["text"] + (["vl"] if vl_available() else []) + (["kimi"] if kimi_available() else [])
+
+
+def _runs_of(model: str) -> list[str]:
+    return [name for name in PARALLEL if name != "hsdp" or model == "text"]
+
+
+def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
+    """Per model, its HF directory (written here) and the runs sharded (fsdp2) and from rank 0
+    (ddp): this module's jobs of the shared 2-rank launch (``conftest.two_rank_runs``)."""
     jobs: list[dict[str, Any]] = []
-    out: dict[str, dict[str, Path]] = {}
-    models = ["text"] + (["vl"] if vl_available() else []) + (["kimi"] if kimi_available() else [])
-    for model in models:
+    for model in _models():
         hf = write_model_dir(model, root / model)
-        dirs = {"hf": hf}
-        for name, parallel in {
-            "fsdp2": {"strategy": "fsdp2"},
-            "ddp": {"strategy": "ddp"},
-            "hsdp": {"strategy": "fsdp2", "dp_replicate": 2},
-        }.items():
-            if name == "hsdp" and model != "text":
-                continue
-            dirs[name] = root / model / name
-            cfg = _config(model, dirs[name], hf, timeout_s=60, **parallel)
+        for name in _runs_of(model):
+            cfg = _config(model, root / model / name, hf, timeout_s=60, **PARALLEL[name])
             jobs.append({"config": cfg})
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def runs(two_rank_runs: TwoRankRuns) -> dict[str, dict[str, Any]]:
+    """Per model: its HF directory, and the runs sharded (fsdp2), rank 0 (ddp), one process."""
+    root = two_rank_runs.dir(__name__)
+    out: dict[str, dict[str, Any]] = {}
+    for model in _models():
+        dirs = {"hf": root / model / "hf"}
+        for name in _runs_of(model):
+            dirs[name] = root / model / name
+            # every rank read [model] path itself (fsdp2 its shards, ddp the whole of it)
+            log = two_rank_runs.log(dirs[name])
+            assert log.count("reads its own shards") == 1, log[-3000:]
         dirs["one"] = root / model / "one"
-        train_here(_config(model, dirs["one"], hf))
+        train_here(_config(model, dirs["one"], dirs["hf"]))
         out[model] = dirs
-    jobs_file = root / "jobs.json"
-    jobs_file.write_text(json.dumps(jobs))
-    proc = torchrun(HERE / "dist_worker.py", [str(jobs_file)], nproc=2, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    # the fsdp2 runs took the sharded path, the others rank 0's
-    fsdp2_runs = sum(1 for job in jobs if job["config"]["parallel"]["strategy"] == "fsdp2")
-    assert proc.stderr.count("reads its own shards") == fsdp2_runs, proc.stderr[-3000:]
     return out
 
 

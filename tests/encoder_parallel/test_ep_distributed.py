@@ -34,9 +34,14 @@ TOL = 1e-5
 ON = {"encoder_parallel": {"enabled": True}}
 
 
+#: Jobs that also count host syncs per step (:mod:`ep_syncs`).
+COUNTED = ("ddp-on-skew", "fsdp2-on-none")
+
+
 def _jobs(root: Path, data: dict[str, Path]) -> dict[str, dict[str, Any]]:
     def job(name: str, kind: str, exclude: tuple[str, ...] = (), **sections: Any) -> Any:
-        return {"config": vl_config(root / name, data[kind], **sections), "exclude": exclude}
+        config = vl_config(root / name, data[kind], **sections)
+        return {"config": config, "exclude": exclude, "count_syncs": name in COUNTED}
 
     return {
         "ddp-off-skew": job("ddp-off-skew", "skew", parallel={"strategy": "ddp"}),
@@ -141,6 +146,27 @@ def test_rank_without_images_trains_like_one_rank(root: Path, strategy: str) -> 
     assert r0["micro_steps_with_images"] == 2 * STEPS - 1
     assert r0["encoder_calls"] == r1["encoder_calls"] == 2 * STEPS - 1
     assert (r0["dummy_calls"], r1["dummy_calls"]) == (0, 1)
+
+
+@pytest.mark.parametrize("job", COUNTED)
+def test_host_syncs_per_step_do_not_grow_with_the_images(root: Path, job: str) -> None:
+    """Per micro-batch with images on a rank, encoder parallelism waits for the device twice,
+    however many images it holds: the adapter's split (one copy of the patch counts) and the
+    records (one copy of every image's metadata). The header, records and token counts go
+    between ranks as host objects over gloo; a rank without images adds nothing."""
+    counts: dict[int, list[int]] = {}
+    others = set()
+    for rank in range(2):
+        steps = json.loads((root / job / f"syncs-rank{rank}.json").read_text())
+        assert len(steps) == STEPS
+        for step in steps:
+            ours = [c for c in step["callers"] if c.startswith(("hyper_encoder", "hyper_core.ad"))]
+            assert len(ours) == 2 * step["micro_batches_with_images"], step
+            others.add(step["syncs"] - len(ours))  # the trainer's own, the same every step
+            counts.setdefault(step["micro_batches_with_images"], []).append(step["images"])
+    assert len(others) == 1, others
+    # the same count for very different numbers of images (skew: 8 on rank 0, 2 on rank 1)
+    assert any(len(set(images)) > 1 for images in counts.values()), counts
 
 
 def test_installed_but_not_enabled_is_bit_identical(root: Path) -> None:

@@ -57,9 +57,15 @@ RECIPES = [
         id="72b",
     ),
     pytest.param(
+        "qwen3_vl_moe_30b.toml",
+        ["--nproc-per-node", "8", "--model-config", "qwen3-vl-30b-a3b"],
+        True,
+        id="qwen3-vl-moe-30b",
+    ),
+    pytest.param(
         "kimi_k26.toml",
-        ["--nnodes", "64", "--nproc-per-node", "8", "--model-config", "kimi-k2.6"],
-        False,  # revisited once expert parallelism exists
+        ["--nnodes", "32", "--nproc-per-node", "8", "--model-config", "kimi-k2.6"],
+        True,  # with expert parallelism (ep = 8)
         id="kimi",
         marks=pytest.mark.skipif(not KIMI, reason="needs hyper-train-kimi-k26"),
     ),
@@ -87,7 +93,10 @@ def test_recipe_header_states_the_estimate(
     assert est["per_rank"]["total"] / 2**30 == pytest.approx(header_gib(recipe), abs=0.06)
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl_7b.toml", "qwen2_5_vl_72b.toml", "kimi_k26.toml"])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen2_5_vl_7b.toml", "qwen2_5_vl_72b.toml", "qwen3_vl_moe_30b.toml", "kimi_k26.toml"],
+)
 def test_recipes_use_fp32_master_weights(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     from hyper_core.config import load_config
 
@@ -117,3 +126,20 @@ def test_72b_recipe_builds_the_published_model_on_meta(tmp_path: Path) -> None:
     assert {str(p.dtype) for p in model.parameters()} == {"torch.float32"}
     units = match_modules(model, adapter.parallel_plan(model).sharding_units)
     assert len(units) == 80 + 32
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hyper_peft") is None, reason="needs hyper-train-peft")
+def test_lora_recipe_fits_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """LoRA r=16 on the language model of the 7B: one 80 GB GPU, fp32 frozen base with bf16
+    autocast; gradients and AdamW state only for the 40.4 M LoRA weights (16 per layer and
+    projection: 28 layers × 16 × (in + out) of q, k, v, o, gate, up, down)."""
+    recipe = CONFIGS / "qwen2_5_vl_7b_lora.toml"
+    argv = ["memory", "estimate", str(recipe), "--model-config", "qwen2.5-vl-7b"]
+    assert main([*argv, "--device-memory", "80GiB", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["fits"] and est["layout"]["world_size"] == 1
+    trainable = 28 * 16 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))
+    assert est["parameters"]["trainable"] == trainable == 40_370_176
+    assert est["per_rank"]["grads"] == 4 * trainable
+    assert set(est["state"]["grads"]["by_group"]) == {"language"}
+    assert est["per_rank"]["total"] / 2**30 == pytest.approx(header_gib(recipe), abs=0.06)

@@ -239,18 +239,3 @@ def test_bad_config_is_exit_2(tmp_path: Path, peft: dict[str, Any], message: str
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hyper-train: error")]
     assert len(errors) == 1 and errors[0].endswith(message), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-
-
-def test_exporting_a_lora_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
-    """Adapter export is not built yet: the trainable-only checkpoint says so, exit 2."""
-    raw = lora_config(tmp_path / "run")
-    train(raw, steps=2)
-    config = write_toml(raw, tmp_path / "run.toml")
-    out = tmp_path / "hf"
-    proc = hyper_train(
-        ["export", str(tmp_path / "run"), "--out", str(out), "--config", str(config)]
-    )
-    assert proc.returncode == 2, proc.stderr
-    [line] = proc.stderr.strip().splitlines()
-    assert "trainable parameters only (e.g. LoRA) cannot be exported" in line
-    assert not (tmp_path / "hf" / "model.safetensors").exists()

@@ -8,7 +8,9 @@ merge), ``model.mm_projector`` (LayerNorm + MLP, 4·1152 → text hidden) and
 ``config.json``, the directory's own modeling code is used instead; with the flag off it is
 never imported.
 
-What :meth:`KimiK25Adapter.transform` returns (per sample):
+What ``KimiK25Adapter.transform`` returns (per sample; the core's multimodal transform,
+:meth:`HFModelAdapter.transform <hyper_core.adapters.hf.HFModelAdapter.transform>`, with
+:attr:`~KimiK25Adapter.chat_format`):
 
 * ``input_ids``/``labels`` ``(L,)``: the Kimi chat format (:mod:`hyper_kimi_k26.tokens`), loss
   on the assistant answers and their ``<|im_end|>``; each image is
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from hyper_core.adapters import hf
 from hyper_core.adapters.base import (
     FlopsCount,
     ModelAssets,
@@ -48,11 +51,9 @@ from .tokens import CONFIG_TOKEN_FIELDS, KIMI_CHAT, KIMI_CHAT_TEMPLATE
 if TYPE_CHECKING:
     import torch
 
-    from hyper_core.batching.types import MicroBatch, SampleFeatures
+    from hyper_core.batching.types import MicroBatch
     from hyper_core.config import ModelConfig
     from hyper_core.export import CheckpointLayout
-
-    from .processor import KimiProcessor
 
 log = logging.getLogger("hyper_train.kimi_k26")
 
@@ -95,15 +96,7 @@ REMOTE = Layout(
 
 def layout_of(model: torch.nn.Module) -> Layout:
     """:data:`NATIVE` or :data:`REMOTE`, from the model's module names."""
-    return REMOTE if _has_submodule(model, "language_model.model") else NATIVE
-
-
-def _has_submodule(model: torch.nn.Module, path: str) -> bool:
-    try:
-        model.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
+    return REMOTE if hf.has_submodule(model, "language_model.model") else NATIVE
 
 
 class KimiK25Adapter(HFModelAdapter):
@@ -213,7 +206,7 @@ class KimiK25Adapter(HFModelAdapter):
         """``vision``: the MoonViT tower; ``projector``: ``mm_projector``; ``language``: the
         DeepSeek-V3 decoder and ``lm_head``. Disjoint, together every parameter."""
         lay = layout_of(model)
-        language = [p for p in lay.language if _has_submodule(model, p)]
+        language = [p for p in lay.language if hf.has_submodule(model, p)]
         return {"vision": [lay.vision], "projector": [lay.projector], "language": language}
 
     def parallel_plan(self, model: torch.nn.Module) -> ParallelPlan:
@@ -360,17 +353,6 @@ class KimiK25Adapter(HFModelAdapter):
         if not getattr(tokenizer, "chat_template", None):
             tokenizer.chat_template = self.chat_template
         return tokenizer
-
-    def transform(
-        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
-    ) -> SampleFeatures:
-        """Raw sample → :class:`SampleFeatures` (see the module docstring); ``SampleError``
-        ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
-        from hyper_core.data.multimodal import tokenize_multimodal
-
-        processor: KimiProcessor = assets.processor
-        tok = tokenize_multimodal(sample, processor, self.chat_format, max_seq_len=max_seq_len)
-        return tok.features(sample)
 
     # -- export ---------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ All four share one module layout (``model.visual`` = patch embed + blocks + merg
 ``model.language_model`` = decoder, ``lm_head``) and one data path, so :class:`QwenVLAdapter`
 does the work and the subclasses only name classes, configs and image defaults.
 
-What :meth:`QwenVLAdapter.transform` returns (per sample):
+What the adapters' ``transform`` returns (per sample; :meth:`QwenVLAdapter.sample_fields`
+adds the positions and token fields to the core's multimodal transform):
 
 * ``input_ids``/``labels`` ``(L,)``: ChatML, loss on assistant turns, each image expanded to
   ``<|vision_start|>`` + ``<|image_pad|>`` × (t·h·w / merge²) + ``<|vision_end|>``;
@@ -24,19 +25,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hyper_core.adapters.base import FlopsCount, ModelAssets, MoEBlock, find_moe_blocks
-from hyper_core.adapters.hf import HFModelAdapter, check_tokenizer, count_params, match_modules
+from hyper_core.adapters.hf import (
+    HFModelAdapter,
+    check_tokenizer,
+    count_params,
+    has_submodule,
+    match_modules,
+)
 from hyper_core.data.chat import QWEN_CHATML, ChatFormat
-from hyper_core.errors import UserError
+from hyper_core.errors import ConfigError, UserError
 
 from . import configs
+from .options import QwenVLOptions
 from .processor import ImageDefaults, QwenVLProcessor, build_image_processor
 from .tokens import CONFIG_TOKEN_FIELDS, QWEN2_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
 
 if TYPE_CHECKING:
     import torch
 
-    from hyper_core.batching.types import MicroBatch, SampleFeatures
+    from hyper_core.batching.types import MicroBatch
     from hyper_core.config import ModelConfig
+    from hyper_core.data.multimodal import MultimodalTokens
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -60,6 +69,7 @@ class QwenVLAdapter(HFModelAdapter):
     projector_modules: ClassVar[tuple[str, ...]] = ("model.visual.merger",)
     language_module = "model.language_model"
     chat_format: ClassVar[ChatFormat] = QWEN_CHATML
+    options: ClassVar[type[QwenVLOptions]] = QwenVLOptions
     chat_template: ClassVar[str] = QWEN2_VL_CHAT_TEMPLATE
     image_defaults: ClassVar[ImageDefaults] = ImageDefaults(
         min_pixels=56 * 56, max_pixels=28 * 28 * 1280, image_mean=_CLIP_MEAN, image_std=_CLIP_STD
@@ -82,7 +92,7 @@ class QwenVLAdapter(HFModelAdapter):
     def freeze_groups(self, model: torch.nn.Module) -> dict[str, list[str]]:
         """``vision``: the tower without its merger(s); ``projector``: the merger(s);
         ``language``: the decoder and ``lm_head``. The groups are disjoint."""
-        projector = [p for p in self.projector_modules if _has_submodule(model, p)]
+        projector = [p for p in self.projector_modules if has_submodule(model, p)]
         visual = model.get_submodule(self.vision_module)
         vision = [
             f"{self.vision_module}.{name}"
@@ -118,7 +128,7 @@ class QwenVLAdapter(HFModelAdapter):
         per_token = sum(
             count_params(model.get_submodule(p))
             for p in self.projector_modules
-            if _has_submodule(model, p)
+            if has_submodule(model, p)
         )
         total = sum(patches)
         dense = 6.0 * (per_patch * total + per_token * total / merge2)
@@ -136,22 +146,47 @@ class QwenVLAdapter(HFModelAdapter):
 
     # -- data -----------------------------------------------------------------------------------
 
+    @classmethod
+    def parse_options(cls, model_config: ModelConfig) -> QwenVLOptions:
+        """:class:`~hyper_qwen_vl.options.QwenVLOptions`; a bound given both in tokens and in
+        pixels (``[model] min_pixels``/``max_pixels``) is a :class:`ConfigError`."""
+        options: QwenVLOptions = super().parse_options(model_config)
+        for side in ("min", "max"):
+            tokens = getattr(options, f"{side}_image_tokens")
+            if tokens is not None and getattr(model_config, f"{side}_pixels") is not None:
+                raise ConfigError(
+                    [
+                        (
+                            f"$.model.options.{side}_image_tokens",
+                            f"set this or [model] {side}_pixels, not both",
+                        )
+                    ]
+                )
+        return options
+
     def build_assets(self, model_config: ModelConfig) -> ModelAssets:
         """Tokenizer from ``path`` when it has tokenizer files, else the offline demo tokenizer;
-        the PIL image processor for the model's vision config and ``min/max_pixels``."""
+        the PIL image processor for the model's vision config and the image bounds
+        (``[model.options]`` ``min/max_image_tokens`` or ``[model] min/max_pixels``)."""
         from hyper_core.builtin.hf_causal_lm import has_tokenizer_files
 
         from .tokens import build_demo_tokenizer
 
+        options = self.parse_options(model_config)
         cfg = self.hf_config(model_config)
         vc = cfg.vision_config
+        min_pixels, max_pixels = options.pixel_bounds(
+            (vc.patch_size * vc.spatial_merge_size) ** 2,
+            model_config.min_pixels,
+            model_config.max_pixels,
+        )
         image_kwargs: dict[str, Any] = {
             "patch_size": vc.patch_size,
             "merge_size": vc.spatial_merge_size,
             "temporal_patch_size": vc.temporal_patch_size,
             "defaults": self.image_defaults,
-            "min_pixels": model_config.min_pixels,
-            "max_pixels": model_config.max_pixels,
+            "min_pixels": min_pixels,
+            "max_pixels": max_pixels,
         }
         try:
             if has_tokenizer_files(model_config.path):
@@ -178,42 +213,30 @@ class QwenVLAdapter(HFModelAdapter):
             extra={"image_token_id": processor.image_token_id, "merge_size": processor.merge_size},
         )
 
-    def transform(
-        self, sample: Mapping[str, Any], assets: ModelAssets, *, max_seq_len: int
-    ) -> SampleFeatures:
-        """Raw sample → :class:`SampleFeatures` (see the module docstring); ``SampleError``
-        ``missing_image``/``corrupt_image``/``image_token_mismatch``/``too_long``/... if bad."""
+    def sample_fields(self, tokens: MultimodalTokens, assets: ModelAssets) -> dict[str, Any]:
+        """mRoPE ``position_ids`` and ``mm_token_type_ids`` (see the module docstring) for the
+        default :meth:`transform`; ``SampleError`` ``image_token_mismatch`` when the image
+        tokens do not fit the grids."""
         from hyper_core.data.errors import SampleError
-        from hyper_core.data.multimodal import tokenize_multimodal
 
         from .rope import text_and_mrope_position_ids
 
         processor: QwenVLProcessor = assets.processor
-        tok = tokenize_multimodal(sample, processor, self.chat_format, max_seq_len=max_seq_len)
         try:
             positions = text_and_mrope_position_ids(
-                tok.input_ids,
-                tok.media.get("image_grid_thw"),
+                tokens.input_ids,
+                tokens.media.get("image_grid_thw"),
                 image_token_id=processor.image_token_id,
                 spatial_merge_size=processor.merge_size,
             )
         except ValueError as exc:
             raise SampleError("image_token_mismatch", str(exc)) from None
-        return tok.features(
-            sample,
-            position_ids=positions,
-            token_fields={"mm_token_type_ids": tok.is_image.long()},
-        )
+        return {
+            "position_ids": positions,
+            "token_fields": {"mm_token_type_ids": tokens.is_image.long()},
+        }
 
     # -- vision encoder (encoder parallelism) ---------------------------------------------------
-
-
-def _has_submodule(model: torch.nn.Module, path: str) -> bool:
-    try:
-        model.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 def _inactive_expert_params(language_model: torch.nn.Module, text_config: Any) -> int:

@@ -180,6 +180,53 @@ _MOE: dict[str, Any] = {
     "decoder_sparse_step": 1,
 }
 
+# The published Qwen3-VL-30B-A3B-Instruct architecture (its config.json): for memory estimates
+# and meta-device builds without the checkpoint. 128 routed experts, 8 per token.
+QWEN3_VL_30B_A3B: dict[str, Any] = {
+    "model_type": "qwen3_vl_moe",
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_vl_moe_text",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "vocab_size": 151936,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5000000.0,
+            "mrope_section": [24, 20, 20],
+            "mrope_interleaved": True,
+        },
+    },
+    "vision_config": {
+        "depth": 27,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24],
+    },
+}
+
 QWEN3_VL_MOE: dict[str, dict[str, Any]] = {
     "tiny": _top(_text(64, 4, _QWEN3_SECTION, **_QWEN3_TEXT, **_MOE), _qwen3_vision(32, 64)),
+    "qwen3-vl-30b-a3b": QWEN3_VL_30B_A3B,
 }

@@ -64,8 +64,10 @@ def build_image_processor(
     """A ``Qwen2VLImageProcessorPil`` for the model's vision config.
 
     Settings come from ``path/preprocessor_config.json`` when there is one, else ``defaults``;
-    ``min_pixels``/``max_pixels`` (``[model]``) override both. Patch, merge and temporal sizes
-    always follow the model config, so pixels and the vision tower cannot disagree.
+    ``min_pixels``/``max_pixels`` (``[model]``) override both, and one given alone moves the
+    other past it (``max_pixels`` below the default least area lowers that too). Patch, merge
+    and temporal sizes always follow the model config, so pixels and the vision tower cannot
+    disagree.
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -86,6 +88,11 @@ def build_image_processor(
     high = kwargs.pop("max_pixels", None)
     size["shortest_edge"] = min_pixels or low or size.get("shortest_edge", defaults.min_pixels)
     size["longest_edge"] = max_pixels or high or size.get("longest_edge", defaults.max_pixels)
+    # A bound given alone moves the default other one past it rather than clash with it.
+    if max_pixels is not None and min_pixels is None:
+        size["shortest_edge"] = min(size["shortest_edge"], max_pixels)
+    if min_pixels is not None and max_pixels is None:
+        size["longest_edge"] = max(size["longest_edge"], min_pixels)
     if size["shortest_edge"] > size["longest_edge"]:
         from hyper_core.errors import ConfigError
 
@@ -176,16 +183,12 @@ class QwenVLProcessor(ImageTextProcessor):
         cls,
         path: str | Path,
         *,
-        patch_size: int,
-        merge_size: int,
-        temporal_patch_size: int,
-        defaults: ImageDefaults,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
         trust_remote_code: bool = False,
         chat_template: str | None = None,
+        **image_settings: Any,
     ) -> QwenVLProcessor:
-        """Tokenizer and image settings from a local directory (never downloads)."""
+        """Tokenizer and image settings from a local directory (never downloads);
+        ``image_settings`` are :func:`build_image_processor`'s keywords but ``path``."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(
@@ -193,16 +196,7 @@ class QwenVLProcessor(ImageTextProcessor):
         )
         if chat_template is not None and not getattr(tokenizer, "chat_template", None):
             tokenizer.chat_template = chat_template
-        image_processor = build_image_processor(
-            path=path,
-            patch_size=patch_size,
-            merge_size=merge_size,
-            temporal_patch_size=temporal_patch_size,
-            defaults=defaults,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-        )
-        return cls(image_processor, tokenizer)
+        return cls(build_image_processor(path=path, **image_settings), tokenizer)
 
     def __repr__(self) -> str:
         return (

@@ -21,25 +21,14 @@ VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 
-SPECIAL_TOKENS: tuple[str, ...] = (
-    PAD_TOKEN,
-    IM_START,
-    EOS_TOKEN,
-    VISION_START,
-    VISION_END,
-    IMAGE_PAD,
-    VIDEO_PAD,
-)
+VISION_TOKENS: tuple[str, ...] = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START, EOS_TOKEN, *VISION_TOKENS)
 
-#: Ids of the special tokens in the offline demo tokenizer.
+#: Ids of the special tokens in the offline demo tokenizer: ``<|endoftext|>`` 0, ``<|im_end|>``
+#: 1, ``<|im_start|>`` 2, ``<|vision_start|>`` 3, ``<|vision_end|>`` 4, ``<|image_pad|>`` 5,
+#: ``<|video_pad|>`` 6.
 OFFLINE_IDS: dict[str, int] = {
-    PAD_TOKEN: 0,
-    EOS_TOKEN: 1,
-    IM_START: 2,
-    VISION_START: 3,
-    VISION_END: 4,
-    IMAGE_PAD: 5,
-    VIDEO_PAD: 6,
+    tok: i for i, tok in enumerate(dict.fromkeys([PAD_TOKEN, EOS_TOKEN, *SPECIAL_TOKENS]))
 }
 OFFLINE_VOCAB_SIZE = 512
 
@@ -93,10 +82,7 @@ def build_demo_tokenizer(chat_template: str | None = None) -> PreTrainedTokenize
     """The offline byte-level BPE tokenizer with the Qwen-VL special tokens (ids above)."""
     from hyper_core.data.tokenizer import build_offline_tokenizer
 
+    # pad and eos: the core's defaults, ChatML's <|endoftext|> and <|im_end|>
     return build_offline_tokenizer(
-        special_tokens=SPECIAL_TOKENS,
-        vocab_size=OFFLINE_VOCAB_SIZE,
-        chat_template=chat_template,
-        pad_token=PAD_TOKEN,
-        eos_token=EOS_TOKEN,
+        special_tokens=SPECIAL_TOKENS, vocab_size=OFFLINE_VOCAB_SIZE, chat_template=chat_template
     )

@@ -3,8 +3,10 @@
 A forward pre-hook on the model (inside DDP's wrapper; after FSDP2's root pre-forward, so the
 root's parameters are unsharded) takes over the images of every training forward:
 
-1. all ranks all-gather a small header (image count, input layout) and, when any rank has
-   images, one int64 record per image (patch rows, ``image_grid_thw``...);
+1. all ranks all-gather a small header (image count, input layout) and one int64 record per
+   image (patch rows, ``image_grid_thw``...), as Python objects over a gloo group: the integer
+   metadata comes to the host once per micro-step (one copy for all images), and no
+   collective on the device waits for it;
 2. every rank runs the same deterministic planner on the same costs (LPT + local search);
 3. pixel patches go to their computing rank (``all_to_all_single`` with uneven splits);
 4. each rank runs the encoder **once** on its share, or on a zero-pixel copy of the smallest
@@ -146,6 +148,7 @@ class EncoderBalancer:
         world_size: int,
         device: torch.device,
         group: Any = None,
+        host_group: Any = None,
     ) -> None:
         self.model = model
         self.adapter = adapter
@@ -155,6 +158,9 @@ class EncoderBalancer:
         self.world = world_size
         self.device = device
         self.group = group
+        #: Where the integer metadata goes (gloo: host to host); pixels and features use
+        #: :attr:`group`.
+        self.host_group = host_group if host_group is not None else group
         self.stats = Stats()
         self._anchor: torch.Tensor | None = None
         self._logged_step = 0
@@ -213,12 +219,17 @@ class EncoderBalancer:
         header = (
             schema.header(len(images)) if schema is not None else [0] * Schema.header_len(self.keys)
         )
-        headers = self._all_gather(header)
-        counts = [h[0] for h in headers]
-        if sum(counts) == 0:
+        records = schema.records(images) if schema is not None else []
+        gathered = self._all_gather_objects((header, records))
+        headers = [h for h, _ in gathered]
+        if sum(h[0] for h in headers) == 0:
             return kwargs
         schema = self._agree(headers)
-        catalog = self._catalog(images, schema, counts)
+        catalog = [
+            _Image(rank, i, record)
+            for rank, (_, recs) in enumerate(gathered)
+            for i, record in enumerate(recs)
+        ]
         self.stats.micro_steps_with_images += 1
         self.stats.images_owned += len(images)
         s = self.settings
@@ -290,9 +301,9 @@ class EncoderBalancer:
         # 2. encode this rank's share (or a dummy)
         if computed:
             pieces = recv.split([img.rows for img in computed], dim=0)
+            metas = schema.metadata_of([img.record for img in computed], self.device)
             share = [
-                {self.keys[0]: piece, **schema.metadata(img.record, self.device)}
-                for img, piece in zip(computed, pieces, strict=True)
+                {self.keys[0]: piece, **meta} for meta, piece in zip(metas, pieces, strict=True)
             ]
             self.stats.images_computed += len(computed)
             out = self._encode(merge_inputs(share, self.keys))
@@ -301,17 +312,16 @@ class EncoderBalancer:
             out = self._encode(self._dummy(catalog, schema), dummy=True)
             flat = FlatOutputs(out, 1)
         packed = flat.pack()
-        # 3. token rows per image back to the owners (sizes for the feature exchange)
-        n_send = [0] * world
-        tokens_send: list[int] = []
-        if computed:
-            for img, rows in zip(computed, flat.rows, strict=True):
-                n_send[img.owner] += 1
-                tokens_send.append(rows)
-        n_recv = [0] * world
-        for img in mine:
-            n_recv[assignment[gid[id(img)]]] += 1
-        tokens = self._exchange_ints(tokens_send, n_send, n_recv)
+        # 3. token rows per image back to the owners (sizes for the feature exchange; host)
+        sizes = zip(computed, flat.rows[: len(computed)], strict=True)  # (not the dummy's)
+        done = [(img.owner, img.index, rows) for img, rows in sizes]
+        rows_of = {
+            index: rows
+            for part in self._all_gather_objects(done)
+            for owner, index, rows in part
+            if owner == me
+        }
+        tokens = [rows_of[img.index] for img in outgoing]
         # 4. features back to the owners (differentiable)
         feat_send = [0] * world
         if computed:
@@ -366,30 +376,11 @@ class EncoderBalancer:
         first = next(h for h in headers if h[0] > 0)
         return Schema.from_header(self.keys, first)
 
-    def _catalog(
-        self, images: list[dict[str, Any]], schema: Schema, counts: list[int]
-    ) -> list[_Image]:
-        width, most = schema.record_len, max(counts)
-        mine = [schema.record(img) for img in images]
-        mine += [[0] * width] * (most - len(mine))
-        gathered = self._all_gather([v for rec in mine for v in rec])
-        catalog = []
-        for rank, flat in enumerate(gathered):
-            for i in range(counts[rank]):
-                catalog.append(_Image(rank, i, flat[i * width : (i + 1) * width]))
-        return catalog
-
-    def _all_gather(self, values: list[int]) -> list[list[int]]:
-        t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        tdist.all_gather(out, t, group=self.group)
-        return torch.stack(out).tolist()
-
-    def _exchange_ints(self, values: list[int], send: list[int], recv: list[int]) -> list[int]:
-        t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        out = torch.empty(sum(recv), dtype=torch.int64, device=self.device)
-        tdist.all_to_all_single(out, t, recv, send, group=self.group)
-        return out.tolist()
+    def _all_gather_objects(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (small Python data), over :attr:`host_group`."""
+        out: list[Any] = [None] * self.world
+        tdist.all_gather_object(out, value, group=self.host_group)
+        return out
 
     # -- metrics --------------------------------------------------------------------------------
 
@@ -433,6 +424,7 @@ def install(
     """Balance ``model``'s encoder over all ranks (a collective: creates a process group)."""
     inner = strategy.unwrap(model)
     group = tdist.new_group()
+    host_group = tdist.new_group(backend="gloo")
     balancer = EncoderBalancer(
         inner,
         adapter,
@@ -442,6 +434,7 @@ def install(
         world_size=dist.world_size,
         device=dist.device,
         group=group,
+        host_group=host_group,
     )
     balancer.install()
     return balancer

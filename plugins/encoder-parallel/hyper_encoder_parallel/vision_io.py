@@ -128,21 +128,43 @@ class Schema:
 
     def record(self, image: Mapping[str, torch.Tensor]) -> list[int]:
         """One image's record: patch rows, then its metadata values as int64."""
-        out = [int(image[self.keys[0]].shape[0])]
-        for key in self.keys[1:]:
-            out += _to_int64(image[key]).reshape(-1).tolist()
-        return out
+        return self.records([image])[0]
+
+    def records(self, images: Sequence[Mapping[str, torch.Tensor]]) -> list[list[int]]:
+        """Every image's record, with one device-to-host copy for all of them (not one per
+        image: each would wait for the device)."""
+        if not images:
+            return []
+        rows = [[int(img[self.keys[0]].shape[0])] for img in images]
+        if len(self.keys) == 1:
+            return rows
+        per_image = torch.stack(
+            [torch.cat([_to_int64(img[k]).reshape(-1) for k in self.keys[1:]]) for img in images]
+        ).tolist()
+        return [r + v for r, v in zip(rows, per_image, strict=True)]
 
     def metadata(self, record: Sequence[int], device: torch.device) -> dict[str, torch.Tensor]:
         """The metadata tensors of an image from its record."""
-        out: dict[str, torch.Tensor] = {}
-        pos = 1
-        for key, dtype, shape, n in zip(
-            self.keys[1:], self.meta_dtypes, self.meta_shapes, self.meta_numels, strict=True
-        ):
-            values = torch.tensor(list(record[pos : pos + n]), dtype=torch.int64, device=device)
-            out[key] = _from_int64(values, dtype).reshape(shape)
-            pos += n
+        return self.metadata_of([record], device)[0]
+
+    def metadata_of(
+        self, records: Sequence[Sequence[int]], device: torch.device
+    ) -> list[dict[str, torch.Tensor]]:
+        """The metadata tensors of several images, with one host-to-device copy for all of
+        them (from page-locked memory on CUDA, so the host does not wait)."""
+        host = torch.tensor([list(r[1:]) for r in records], dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        values = host.to(device, non_blocking=True)
+        out: list[dict[str, torch.Tensor]] = []
+        for row in values:
+            meta, pos = {}, 0
+            for key, dtype, shape, n in zip(
+                self.keys[1:], self.meta_dtypes, self.meta_shapes, self.meta_numels, strict=True
+            ):
+                meta[key] = _from_int64(row[pos : pos + n], dtype).reshape(shape)
+                pos += n
+            out.append(meta)
         return out
 
     def empty_patches(self, rows: int, device: torch.device) -> torch.Tensor:

@@ -241,9 +241,14 @@ def format_estimate(data: dict[str, Any]) -> str:
         f"tokens, {batch['samples']} sample(s)"
         + (f", {batch['patches']} vision patches" if batch["patches"] else "")
         + (", attention mask" if batch["masked"] else ""),
-        "",
-        f"{'per rank':<48}{'MiB':>14}{'GiB':>10}",
     ]
+    params = data.get("parameters") or {}
+    if params.get("total"):
+        lines.append(
+            f"parameters: {params['total']:,}, trainable {params['trainable']:,} "
+            f"({100 * params['trainable_share']:.2f}%)"
+        )
+    lines += ["", f"{'per rank':<48}{'MiB':>14}{'GiB':>10}"]
     for key, value in data["per_rank"].items():
         if key == "total":
             lines.append("-" * 72)

@@ -96,15 +96,20 @@ def resolve_targets(model: Any, adapter: Any, cfg: PeftConfig) -> list[str]:
     return names
 
 
+def saved_modules(model: Any, cfg: PeftConfig) -> list[str]:
+    """The full names of the modules ``modules_to_save`` names (``$.peft.modules_to_save``)."""
+    return _named(
+        (n for n, _ in model.named_modules()), cfg.modules_to_save, "$.peft.modules_to_save"
+    )
+
+
 def apply_lora(model: Any, adapter: Any, cfg: PeftConfig) -> list[str]:
     """Inject LoRA into ``model`` (in place, on its device: CPU or meta) and leave only the
     adapters and ``modules_to_save`` trainable. Returns the targeted module names."""
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = resolve_targets(model, adapter, cfg)
-    to_save = _named(
-        (n for n, _ in model.named_modules()), cfg.modules_to_save, "$.peft.modules_to_save"
-    )
+    to_save = saved_modules(model, cfg)
     lora = LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
@@ -163,5 +168,7 @@ def load_adapter_weights(model: Any, path: Path) -> None:
 
 
 def saved_name(name: str) -> str:
-    """The key of a LoRA parameter in ``adapter_model.safetensors`` (PeftModel's layout)."""
+    """The key of a trainable parameter in ``adapter_model.safetensors`` (PeftModel's layout:
+    no adapter name, DoRA's magnitude without ``.weight``, ``modules_to_save`` as they are)."""
+    name = name.replace(f".lora_magnitude_vector.{ADAPTER}.weight", ".lora_magnitude_vector")
     return "base_model.model." + name.replace(f".{ADAPTER}.", ".").removesuffix(f".{ADAPTER}")

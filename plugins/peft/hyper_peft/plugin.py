@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hyper_core import hookimpl
+from hyper_core.errors import ConfigError
 
 SECTION = "peft"
 log = logging.getLogger("hyper_train.peft")
@@ -34,7 +35,34 @@ def build_callbacks(config: Any) -> PeftRun | None:
     cfg = config.section(SECTION)
     if cfg is None or not cfg.enabled:
         return None
+    if config.checkpoint.export_hf and not config.checkpoint.save_final:
+        # export_hf writes the adapter directory from the final checkpoint (export_checkpoint)
+        raise ConfigError(
+            [
+                (
+                    "$.checkpoint.export_hf",
+                    "with [peft] it exports the final checkpoint, which save_final = false "
+                    "does not write: set save_final = true, or export a checkpoint with "
+                    "`hyper-train export CHECKPOINT --out DIR`",
+                )
+            ]
+        )
     return PeftRun(cfg, config)
+
+
+@hookimpl
+def export_checkpoint(
+    config: Any, registries: Any, checkpoint: Path, out_dir: Path, options: Any
+) -> Path | None:
+    """A LoRA run's checkpoint: the PEFT adapter directory, or with ``--merge`` the merged
+    model in the Hugging Face layout (:mod:`hyper_peft.export`)."""
+    cfg = config.section(SECTION)
+    if cfg is None or not cfg.enabled:
+        return None
+    from .export import write_adapter_dir, write_merged
+
+    write = write_merged if options.merge else write_adapter_dir
+    return write(config, registries, checkpoint, out_dir, options)
 
 
 class PeftRun:

@@ -49,17 +49,17 @@ class LlavaAdapter(HFModelAdapter):
         from hyper_core.builtin.hf_causal_lm import has_tokenizer_files, load_local_tokenizer
 
         from .processor import LlavaProcessor, build_image_processor
-        from .tokens import build_offline_tokenizer
+        from .tokens import CHAT_TEMPLATE, build_offline_tokenizer
 
         cfg = self.hf_config(model_config)
         if has_tokenizer_files(model_config.path):
             tokenizer = load_local_tokenizer(model_config.path, model_config.trust_remote_code)
+            if not tokenizer.chat_template:  # exports must render prompts as training does
+                tokenizer.chat_template = CHAT_TEMPLATE
         else:
             tokenizer = build_offline_tokenizer()
         processor = LlavaProcessor(
-            build_image_processor(cfg.vision_config, model_config.path),
-            tokenizer,
-            tokens_per_image=_tokens_per_image(cfg),
+            build_image_processor(cfg.vision_config, model_config.path), tokenizer, cfg
         )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         return ModelAssets(tokenizer=tokenizer, processor=processor, pad_token_id=int(pad))
@@ -104,12 +104,6 @@ class LlavaAdapter(HFModelAdapter):
             model.get_submodule(self.vision_module), exclude_embeddings=False
         )
         vision_params += count_params(model.get_submodule(self.projector_module))
-        patches = len(pixel_values) * (_tokens_per_image(model.config) + 1)  # + CLS
+        vc = model.config.vision_config
+        patches = len(pixel_values) * ((vc.image_size // vc.patch_size) ** 2 + 1)  # + CLS
         return FlopsCount(text=text, vision=6.0 * vision_params * patches)
-
-
-def _tokens_per_image(cfg: Any) -> int:
-    """Image features per image: patches, plus CLS with the ``full`` feature strategy."""
-    vc = cfg.vision_config
-    patches = (vc.image_size // vc.patch_size) ** 2
-    return patches + (1 if cfg.vision_feature_select_strategy == "full" else 0)

@@ -1,5 +1,6 @@
 """Images → ``pixel_values`` with transformers' PIL CLIP processor (no torchvision), and the
-``<image>`` token expanded to one token per image feature."""
+``<image>`` token expanded to one token per image feature. Exports load as transformers'
+``LlavaProcessor`` (``processor_config.json``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,24 @@ class LlavaProcessor(ImageTextProcessor):
     """Every image is resized and centre-cropped to the tower's size: a fixed token count."""
 
     image_token = IMAGE_TOKEN
+    #: What an export loads as with stock transformers (``AutoProcessor.from_pretrained``).
+    processor_class = "LlavaProcessor"
 
-    def __init__(self, image_processor: Any, tokenizer: Any, tokens_per_image: int) -> None:
+    def __init__(self, image_processor: Any, tokenizer: Any, config: Any) -> None:
         super().__init__(image_processor, tokenizer)
         self.image_token_id = int(tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
-        self.tokens_per_image = tokens_per_image
+        self.config = config  # the LlavaConfig: tokens per image, the stock processor's settings
+        self.tokens_per_image = tokens_per_image(config)
+
+    def processor_fields(self) -> dict[str, Any]:
+        """``LlavaProcessor`` counts ``(size // patch_size)²`` patches + CLS, less one under
+        the ``default`` feature strategy: the same count as :func:`tokens_per_image`."""
+        return {
+            "image_token": IMAGE_TOKEN,
+            "patch_size": self.config.vision_config.patch_size,
+            "num_additional_image_tokens": 1,  # CLIP's CLS
+            "vision_feature_select_strategy": self.config.vision_feature_select_strategy,
+        }
 
     def process_images(self, images: Sequence[Any]) -> dict[str, Any]:
         """``pixel_values`` ``(N, 3, S, S)``."""
@@ -34,6 +48,13 @@ class LlavaProcessor(ImageTextProcessor):
     def image_token_ids(self, num_tokens: int) -> list[int]:
         """``<image>`` repeated, as LLaVA's processor expands it."""
         return [self.image_token_id] * num_tokens
+
+
+def tokens_per_image(config: Any) -> int:
+    """Image features per image: patches, plus CLS with the ``full`` feature strategy."""
+    vc = config.vision_config
+    patches = (vc.image_size // vc.patch_size) ** 2
+    return patches + (1 if config.vision_feature_select_strategy == "full" else 0)
 
 
 def build_image_processor(vision_config: Any, path: str | None) -> Any:

@@ -14,6 +14,9 @@ OFFLINE_VOCAB_SIZE = 512
 
 #: ChatML; the loss covers assistant content and ``<|im_end|>`` (the core renders it).
 CHAT_FORMAT = ChatFormat(message_prefix=IM_START + "{role}\n", message_suffix=EOS + "\n")
+#: The same format for ``apply_chat_template``, an image part written as ``<image>`` (what
+#: transformers' ``LlavaProcessor`` expands): saved with exports.
+CHAT_TEMPLATE = CHAT_FORMAT.template(image=IMAGE_TOKEN)
 
 
 def build_offline_tokenizer() -> Any:
@@ -23,7 +26,7 @@ def build_offline_tokenizer() -> Any:
     return build(
         special_tokens=(PAD, EOS, IM_START, IMAGE_TOKEN),
         vocab_size=OFFLINE_VOCAB_SIZE,
-        chat_template=CHAT_FORMAT.chat_template,
+        chat_template=CHAT_TEMPLATE,
         pad_token=PAD,
         eos_token=EOS,
     )

@@ -1,0 +1,105 @@
+"""``memory estimate`` of a LoRA run (``[peft]``): frozen base weights have no gradients and
+no optimizer state, the LoRA weights do; the estimate equals a profiled LoRA run's measured
+state and reports peft's own trainable-parameter count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mp_helpers import PROFILER_ON, run_in_process, write_config
+
+pytest.importorskip("hyper_peft")
+
+PEFT = """
+[peft]
+method = "lora"
+r = 8
+dropout = 0.1
+"""
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("lora")
+    config = write_config(root / "lora.toml", root / "out", extra=PROFILER_ON + PEFT)
+    trainer = run_in_process(config)
+    summary = json.loads((root / "out" / "memory" / "summary.json").read_text())
+    return {"config": config, "summary": summary, "trainer": trainer}
+
+
+def _peft_own_count(trainer: Any) -> tuple[int, int]:
+    """(trainable, total) of peft's ``get_peft_model`` on the run's base model."""
+    from peft import LoraConfig, get_peft_model
+
+    from hyper_peft.lora import resolve_targets
+
+    adapter, cfg = trainer.adapter, trainer.config
+    base = adapter.build_model(cfg.model, device="meta")
+    targets = resolve_targets(base, adapter, cfg.section("peft"))
+    reference = get_peft_model(base, LoraConfig(r=8, target_modules=targets))
+    return reference.get_nb_trainable_parameters()
+
+
+def test_estimate_of_a_lora_run_equals_its_measured_state(
+    lora_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyper_core.cli import main
+    from hyper_memory_profiler.report import first_measured_step, measured_state
+
+    record = lora_run["summary"]["ranks"][0]
+    batch = first_measured_step(record)["batch"]
+    argv = ["memory", "estimate", str(lora_run["config"]), "--json"]
+    argv += ["--tokens", str(batch["rows"] * batch["seq_len"]), "--samples", str(batch["samples"])]
+    argv += ["--patches", str(batch["patches"])]
+    capsys.readouterr()
+    assert main(argv) == 0
+    est = json.loads(capsys.readouterr().out)
+    measured = measured_state(record)
+    for key in ("params", "grads", "optimizer", "buffers"):
+        assert est["per_rank"][key] == measured[key]["total"], key
+    trainable, total = _peft_own_count(lora_run["trainer"])
+    assert est["parameters"]["trainable"] == trainable > 0
+    assert est["parameters"]["total"] == total
+    assert est["parameters"]["trainable_share"] == pytest.approx(trainable / total)
+    # fp32: 4 B of gradient and 8 B of AdamW moments per trainable parameter, none for the base
+    assert est["per_rank"]["grads"] == 4 * trainable
+    n = sum(1 for p in lora_run["trainer"].unwrapped_model.parameters() if p.requires_grad)
+    assert est["per_rank"]["optimizer"] == 8 * trainable + 4 * n
+    assert est["activations"]["lora"] > 0  # lora_B's inputs, dropout masks and outputs
+    # an upper bound: frozen norms and layers save less than the formula counts (1.32 here)
+    acts = first_measured_step(record)["activations"]
+    assert acts <= est["per_rank"]["activations"] <= 1.5 * acts
+
+
+def test_estimate_table_shows_the_trainable_share(
+    lora_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyper_core.cli import main
+
+    capsys.readouterr()
+    assert main(["memory", "estimate", str(lora_run["config"])]) == 0
+    trainable, total = _peft_own_count(lora_run["trainer"])
+    line = f"parameters: {total:,}, trainable {trainable:,} ({100 * trainable / total:.2f}%)"
+    assert line in capsys.readouterr().out.splitlines()
+
+
+def test_lora_estimate_is_below_full_fine_tuning(tmp_path: Path) -> None:
+    from hyper_core.builtin.resolve import resolve_strategy
+    from hyper_core.config import load_config
+    from hyper_core.plugins.manager import PluginHost
+    from hyper_memory_profiler.estimate import estimate_config, layout_for
+
+    host = PluginHost()
+    full = write_config(tmp_path / "full.toml", tmp_path / "out")
+    lora = write_config(tmp_path / "lora.toml", tmp_path / "out", extra=PEFT)
+    rows = {}
+    for name, path in (("full", full), ("lora", lora)):
+        cfg = load_config(path, [], host.registries.config_sections)
+        layout_for(cfg, resolve_strategy(cfg, host.registries), 1)
+        rows[name] = estimate_config(cfg, host.registries, 1).rows
+    assert rows["lora"]["params"] > rows["full"]["params"]  # the base plus the adapters
+    assert rows["lora"]["grads"] < rows["full"]["grads"] / 3
+    assert rows["lora"]["optimizer"] < rows["full"]["optimizer"] / 3
