@@ -86,10 +86,59 @@ def first_step(path: Path, workdir: Path, cache: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def long_tailed_lengths(n: int, seed: int = 0) -> list[int]:
+    """Sample lengths with a long tail (lognormal, median ~300 tokens, capped at 4096), like
+    mixed SFT data: many short chats, a few long documents."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.clip(rng.lognormal(5.7, 0.9, n), 16, 4096)]
+
+
+def token_budget_figures(result: Result, samples: int = 8192) -> None:
+    """Tokens per micro-batch and max/mean tokens per rank per step, fixed-count micro-batches
+    (8 samples) vs a 4096-token budget (at most 32 samples), 2 ranks, 64 samples per step, on
+    :func:`long_tailed_lengths`: the plans a run makes (``hyper_core.data.stats``)."""
+    import statistics
+
+    from hyper_core.data.stats import Batching, micro_batch_groups, token_budget_plan
+
+    lengths = long_tailed_lengths(samples)
+    fixed = Batching(global_batch_size=64, micro_batch_size=8, world_size=2)
+    budget = Batching(global_batch_size=64, micro_batch_size=32, world_size=2, max_tokens=4096)
+    fixed_sizes = [sum(g) for g in micro_batch_groups(lengths, fixed)]
+    plan = token_budget_plan(lengths, budget)
+    budget_sizes = [t for step in plan for rank in step for t in rank]
+
+    def per_rank(step_totals: list[list[int]]) -> float:
+        return max(max(t) * len(t) / sum(t) for t in step_totals if sum(t))
+
+    steps = len(lengths) // 64
+    fixed_ranks = [
+        [sum(lengths[s * 64 + r * 32 : s * 64 + (r + 1) * 32]) for r in range(2)]
+        for s in range(steps)
+    ]
+    budget_ranks = [[sum(rank) for rank in step] for step in plan]
+    for name, sizes, ranks in (
+        ("fixed8", fixed_sizes, fixed_ranks),
+        ("budget4096", budget_sizes, budget_ranks),
+    ):
+        result.figure(f"{name}_tokens_per_micro_batch_min", "tokens").values.append(min(sizes))
+        result.figure(f"{name}_tokens_per_micro_batch_median", "tokens").values.append(
+            statistics.median(sizes)
+        )
+        result.figure(f"{name}_tokens_per_micro_batch_max", "tokens").values.append(max(sizes))
+        result.figure(f"{name}_micro_batches", "count").values.append(len(sizes))
+        result.figure(f"{name}_rank_tokens_max_over_mean", "ratio").values.append(per_rank(ranks))
+    result.notes.append("goal: token-budget max/mean tokens per rank per step <= 1.05")
+
+
 def run(size: str = "full") -> Result:
-    """Each (N, eager/lazy) once; the overhead over the 1k run of the same reader."""
+    """Each (N, eager/lazy) once; the overhead over the 1k run of the same reader; the
+    token-budget plan on long-tailed lengths."""
     sizes = (1_000, 20_000) if size == "ci" else (1_000, 100_000, 1_000_000)
     result = Result("data", "time to first step and peak RSS vs training-file size, 1 worker")
+    token_budget_figures(result)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base: dict[str, dict[str, Any]] = {}

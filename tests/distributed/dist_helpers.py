@@ -94,19 +94,22 @@ def model_config(model: str, out: Path, **sections: Mapping[str, Any]) -> dict[s
 
 
 def write_toml(raw: Mapping[str, Any], path: Path) -> Path:
-    """Validate ``raw`` and write it as a TOML config file."""
+    """Validate ``raw`` (with the installed plugins' sections) and write it as a TOML file."""
     from hyper_core.config import dump_config, load_config_dict
+    from hyper_core.plugins import get_plugin_host
 
+    sections = get_plugin_host().registries.config_sections
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump_config(load_config_dict(dict(raw))))
+    path.write_text(dump_config(load_config_dict(dict(raw), sections=sections)))
     return path
 
 
 def load_toml(path: Path, overrides: Sequence[str] = ()) -> Any:
-    """A Config from a TOML file and dotted overrides."""
+    """A Config from a TOML file and dotted overrides (the installed plugins' sections)."""
     from hyper_core.config import load_config
+    from hyper_core.plugins import get_plugin_host
 
-    return load_config(path, list(overrides), {})
+    return load_config(path, list(overrides), get_plugin_host().registries.config_sections)
 
 
 #: Subprocesses (rank processes, the CLI) import this folder's plugins and helpers.

@@ -30,13 +30,36 @@ def _assert_same_weights(a: dict[str, object], b: dict[str, object]) -> None:
     assert not different, f"weights differ: {different[:5]}"
 
 
+#: The run killed and resumed: plain; LoRA (only its weights and their optimizer state are in
+#: the checkpoint); token-budget micro-batches (a varying number of samples per micro-batch).
+KILLED_RUNS = {
+    "plain": {},
+    "lora": {"peft": {"method": "lora", "r": 4, "target": ["q_proj", "v_proj"]}},
+    "token-budget": {
+        "training": {"micro_batch_size": 8},
+        "data": {"max_tokens_per_micro_batch": 128},
+    },
+}
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_sigkill_during_step_12_then_auto_resume_is_bit_identical(tmp_path: Path) -> None:
-    straight = train_here(text_config(tmp_path / "straight", training={"steps": 20}))
+@pytest.mark.parametrize("variant", list(KILLED_RUNS))
+def test_sigkill_during_step_12_then_auto_resume_is_bit_identical(
+    tmp_path: Path, variant: str
+) -> None:
+    extra = KILLED_RUNS[variant]
+    training = {"steps": 20, **extra.get("training", {})}
+    sections = {k: v for k, v in extra.items() if k != "training"}
+    straight = train_here(text_config(tmp_path / "straight", training=training, **sections))
     out = tmp_path / "killed"
     toml = write_toml(
-        text_config(out, training={"steps": 20}, checkpoint={"every_steps": 10, "resume": "auto"}),
+        text_config(
+            out,
+            training=training,
+            checkpoint={"every_steps": 10, "resume": "auto"},
+            **sections,
+        ),
         tmp_path / "killed.toml",
     )
     # global_step 11 at on_step_begin: step 12 has begun when the process dies.
