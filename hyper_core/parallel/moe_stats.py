@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def _in_backward() -> bool:
-    """Whether autograd's engine is running this code (a checkpointed forward's recompute)."""
+def in_backward() -> bool:
+    """Whether autograd's engine is running this code (a checkpointed forward's recompute):
+    statistics hooks skip it, or they would count a checkpointed layer twice."""
     import torch
 
     return torch._C._current_graph_task_id() != -1
@@ -64,7 +65,7 @@ class ExpertParallelStats:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             import torch
 
-            if not module.training or _in_backward():
+            if not module.training or in_backward():
                 return
             with torch.no_grad():
                 flat = args[1].reshape(-1)

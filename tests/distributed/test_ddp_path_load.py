@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from dist_helpers import TwoRankRuns, assert_close, losses, text_config, train_here
 
+from tests.peft.peft_helpers import write_adapter_dir
+
 pytestmark = pytest.mark.slow
 TWO_RANK_TIMEOUT_S = 150
 STEPS = 5
@@ -37,23 +39,6 @@ def _has_peft() -> bool:
     return importlib.util.find_spec("hyper_peft") is not None
 
 
-def _write_adapter_dir(model_dir: Path, out: Path) -> Path:
-    """A LoRA adapter (r 4, every linear layer, B non-zero) for the model of ``model_dir``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
-    model.save_pretrained(str(out))
-    return out
-
-
 def _lora_config(root: Path, out: Path) -> dict[str, Any]:
     raw = text_config(out, training={"steps": STEPS})
     raw["model"] = {"adapter": "hf_causal_lm", "path": str(root / "hf")}
@@ -72,7 +57,7 @@ def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
     inspect = f"{__name__}:loaded_by_each_rank"
     jobs = [{"config": rank0, "inspect": inspect}, {"config": from_path, "inspect": inspect}]
     if _has_peft():
-        _write_adapter_dir(hf, root / "adapter")
+        write_adapter_dir(hf, root / "adapter", r=4)
         lora = _lora_config(root, root / "lora")
         jobs.append({"config": {**lora, "parallel": {"strategy": "ddp"}}})
     return jobs

@@ -29,16 +29,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hyper_core import hookimpl
+from hyper_core.parallel.moe_stats import in_backward
 
 if TYPE_CHECKING:
     import torch
-
-
-def in_backward() -> bool:
-    """Whether autograd's engine is running this code (a checkpointed forward's recompute)."""
-    import torch
-
-    return torch._C._current_graph_task_id() != -1
 
 
 def router_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
