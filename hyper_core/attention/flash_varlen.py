@@ -12,15 +12,25 @@ the decoder and of the vision tower. Elsewhere (CPU) it is ``varlen``'s per-samp
 Causal attention is the kernel's window ``(-1, 0)`` (``(w - 1, 0)`` with a sliding window of
 ``w``), bidirectional ``(-1, -1)``. A padded batch (an attention mask) goes to SDPA, like
 ``varlen``.
+
+Older torch releases (2.9-2.11) have the kernel with a smaller signature,
+``varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False)``: there the softmax scale
+is folded into the query, grouped KV heads are repeated, and a sliding window falls back to
+``varlen``. Boundaries go to the device once per forward (every layer gets the same
+``cu_seq_lens`` tensor), not once per layer.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .varlen import cu_bounds, packed_bounds, varlen_attention_forward, varlen_mask
 
@@ -40,6 +50,11 @@ def uses_kernel(query: torch.Tensor) -> bool:
     return query.is_cuda
 
 
+#: Per boundary tensor (cu_seq_lens or position_ids, by identity and version): the int32
+#: boundaries on the device and the longest segment, so a forward's layers share one copy.
+_KERNEL_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def _boundaries(
     batch: int,
     length: int,
@@ -48,14 +63,75 @@ def _boundaries(
     position_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, int]:
     """``(cu_seqlens int32 on device, longest segment)`` over the flattened ``batch·length``."""
+    source = cu_seq_lens if cu_seq_lens is not None else position_ids
+    if source is not None:
+        hit = _KERNEL_BOUNDS.get(source)
+        if hit is not None and hit[0] == source._version and hit[1].device == device:
+            return hit[1], hit[2]
     if cu_seq_lens is not None:
         bounds = cu_bounds(cu_seq_lens)
-    elif position_ids is not None and (found := packed_bounds(position_ids, batch, length)):
-        bounds = found
+        cu = cu_seq_lens.to(device=device, dtype=torch.int32)  # on the device already: no copy
     else:
-        bounds = [b * length for b in range(batch + 1)]
+        found = packed_bounds(position_ids, batch, length) if position_ids is not None else None
+        bounds = found or [b * length for b in range(batch + 1)]
+        cu = torch.tensor(bounds, dtype=torch.int32).to(device, non_blocking=True)
     longest = max(b - a for a, b in pairwise(bounds))
-    return torch.tensor(bounds, dtype=torch.int32, device=device), longest
+    if source is not None:
+        _KERNEL_BOUNDS[source] = (source._version, cu, longest)
+    return cu, longest
+
+
+@functools.cache
+def _parameters(fn: Callable[..., torch.Tensor]) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)
+
+
+def _supports(fn: Callable[..., torch.Tensor], name: str) -> bool:
+    try:
+        return name in _parameters(fn)
+    except (TypeError, ValueError):  # no signature to read: assume the current one
+        return True
+
+
+def _call_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    longest_q: int,
+    longest_k: int,
+    *,
+    scale: float | None,
+    causal: bool,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Call the kernel on ``(tokens, heads, dim)`` tensors through the signature it has."""
+    fn = kernel()
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if _supports(fn, "window_size"):
+        left = sliding_window - 1 if sliding_window is not None else -1
+        return fn(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            longest_q,
+            longest_k,
+            scale=scale,
+            window_size=(left, 0) if causal else (-1, -1),
+            enable_gqa=heads != kv_heads,
+        )
+    # torch 2.9-2.11: varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False).
+    if scale is not None and not _supports(fn, "scale"):
+        q = q * (scale * math.sqrt(q.shape[-1]))  # the kernel's own scale is 1/sqrt(dim)
+        scale = None
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    extra = {"scale": scale} if scale is not None else {}
+    return fn(q, k, v, cu_q, cu_k, longest_q, longest_k, is_causal=causal, **extra)
 
 
 def flash_varlen_forward(
@@ -77,7 +153,16 @@ def flash_varlen_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; ``(B, L, H, Dv)`` output, no weights."""
     batch, heads, length, _ = query.shape
-    if not uses_kernel(query) or attention_mask is not None or length != key.shape[2]:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window_unsupported = (
+        sliding_window is not None and causal and not _supports(kernel(), "window_size")
+    )
+    if (
+        not uses_kernel(query)
+        or attention_mask is not None
+        or length != key.shape[2]
+        or window_unsupported
+    ):
         return varlen_attention_forward(
             module,
             query,
@@ -97,28 +182,25 @@ def flash_varlen_forward(
         )
     if dropout:
         raise ValueError("`flash_varlen` attention has no dropout; use `varlen` or `sdpa`")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     cu_q, longest = _boundaries(batch, length, query.device, cu_seq_lens_q, position_ids)
-    cu_k = cu_q if cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q else None
-    if cu_k is None:
-        cu_k, _ = _boundaries(batch, length, query.device, cu_seq_lens_k, None)
-    left = sliding_window - 1 if sliding_window is not None else -1
-    window = (left, 0) if causal else (-1, -1)
+    cu_k, longest_k = cu_q, longest
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q:
+        cu_k, longest_k = _boundaries(batch, length, query.device, cu_seq_lens_k, None)
 
     def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, H, L, D) -> (B·L, H, D)
         return x.transpose(1, 2).reshape(batch * length, x.shape[1], x.shape[-1])
 
-    out = kernel()(
+    out = _call_kernel(
         tokens(query),
         tokens(key),
         tokens(value),
         cu_q,
         cu_k,
         longest,
-        longest,
+        longest_k,
         scale=scaling,
-        window_size=window,
-        enable_gqa=heads != key.shape[1],
+        causal=causal,
+        sliding_window=sliding_window,
     )
     return out.reshape(batch, length, heads, value.shape[-1]), None
 

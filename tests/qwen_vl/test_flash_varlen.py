@@ -84,3 +84,28 @@ def test_on_cpu_it_is_varlen(tmp_path: Any) -> None:
     feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:2]]
     mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
     assert loss_and_grads(model, mb)[0] == loss_and_grads(reference, mb)[0]
+
+
+@pytest.mark.gpu
+def test_real_kernel_gives_the_sdpa_loss_on_cuda(tmp_path: Any) -> None:
+    """Tiny Qwen2.5-VL in bf16 on CUDA: torch's varlen kernel against SDPA, loss and grads."""
+    results = []
+    for implementation, varlen_kwargs in (("flash_varlen", True), ("sdpa", False)):
+        adapter, model, assets = _build(implementation, tmp_path)
+        model.to("cuda", torch.bfloat16)
+        images = write_test_images(tmp_path / "images")
+        feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:3]]
+        runtime_mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=varlen_kwargs)
+        model_inputs, loss_inputs = (
+            {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+            for d in (runtime_mb.model_inputs, runtime_mb.loss_inputs)
+        )
+        runtime_mb.model_inputs, runtime_mb.loss_inputs = model_inputs, loss_inputs
+        results.append(loss_and_grads(model, runtime_mb))
+    (loss, grads), (want_loss, want_grads) = results
+    assert loss == pytest.approx(want_loss, rel=2e-2)
+    for name, grad in want_grads.items():
+        cos = torch.nn.functional.cosine_similarity(
+            grads[name].float().flatten(), grad.float().flatten(), dim=0
+        )
+        assert cos > 0.98, (name, float(cos))
