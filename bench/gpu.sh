@@ -36,7 +36,7 @@ device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
 # --system-site-packages, because $PY may itself be a venv (whose packages that flag skips).
 venv=.venv-gpu
 if [ ! -x $venv/bin/python ]; then
-  "$PY" -m venv $venv
+  "$PY" -m venv --without-pip $venv  # pip too comes from $PY's packages
   parent=$("$PY" -c "import site; print('\n'.join(site.getsitepackages()))")
   site=$($venv/bin/python -c "import site; print(site.getsitepackages()[0])")
   echo "$parent" > "$site/_gpu_sh_parent.pth"
