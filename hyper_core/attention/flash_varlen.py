@@ -11,12 +11,12 @@ the decoder and of the vision tower. Elsewhere (CPU) it is ``varlen``'s per-samp
 
 Causal attention is the kernel's window ``(-1, 0)`` (``(w - 1, 0)`` with a sliding window of
 ``w``), bidirectional ``(-1, -1)``. A padded batch (an attention mask) goes to SDPA, like
-``varlen``.
+``varlen``; fp32 attention (no autocast) is ``varlen``'s, as the kernel has no fp32.
 
-Older torch releases (2.9-2.11) have the kernel with a smaller signature,
-``varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False)``: there the softmax scale
-is folded into the query, grouped KV heads are repeated, and a sliding window falls back to
-``varlen``. Boundaries go to the device once per forward (every layer gets the same
+Older torch releases have the kernel with a smaller signature: 2.11 has ``scale`` and
+``window_size`` but no ``enable_gqa`` (grouped KV heads are repeated), earlier ones only
+``is_causal`` (the softmax scale is folded into the query, a sliding window falls back to
+``varlen``). Boundaries go to the device once per forward (every layer gets the same
 ``cu_seq_lens`` tensor), not once per layer.
 """
 
@@ -46,8 +46,8 @@ def kernel() -> Callable[..., torch.Tensor]:
 
 
 def uses_kernel(query: torch.Tensor) -> bool:
-    """Whether the kernel runs here: CUDA tensors."""
-    return query.is_cuda
+    """Whether the kernel runs here: half-precision CUDA tensors (the kernel has no fp32)."""
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
 
 
 #: Per boundary tensor (cu_seq_lens or position_ids, by identity and version): the int32
@@ -108,30 +108,25 @@ def _call_kernel(
 ) -> torch.Tensor:
     """Call the kernel on ``(tokens, heads, dim)`` tensors through the signature it has."""
     fn = kernel()
-    heads, kv_heads = q.shape[1], k.shape[1]
+    kwargs: dict[str, Any] = {}
     if _supports(fn, "window_size"):
         left = sliding_window - 1 if sliding_window is not None else -1
-        return fn(
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            longest_q,
-            longest_k,
-            scale=scale,
-            window_size=(left, 0) if causal else (-1, -1),
-            enable_gqa=heads != kv_heads,
-        )
-    # torch 2.9-2.11: varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False).
-    if scale is not None and not _supports(fn, "scale"):
-        q = q * (scale * math.sqrt(q.shape[-1]))  # the kernel's own scale is 1/sqrt(dim)
-        scale = None
+        kwargs["window_size"] = (left, 0) if causal else (-1, -1)
+    else:  # torch 2.9-2.10; a sliding window went to `varlen` before this call
+        kwargs["is_causal"] = causal
+    if scale is not None:
+        if _supports(fn, "scale"):
+            kwargs["scale"] = scale
+        else:
+            q = q * (scale * math.sqrt(q.shape[-1]))  # the kernel's own scale is 1/sqrt(dim)
+    heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    extra = {"scale": scale} if scale is not None else {}
-    return fn(q, k, v, cu_q, cu_k, longest_q, longest_k, is_causal=causal, **extra)
+        if _supports(fn, "enable_gqa"):
+            kwargs["enable_gqa"] = True
+        else:  # torch 2.11 and older: no grouped-query attention in the kernel
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+    return fn(q, k, v, cu_q, cu_k, longest_q, longest_k, **kwargs)
 
 
 def flash_varlen_forward(

@@ -1,7 +1,7 @@
 """``flash_varlen`` calls torch's varlen kernel through the signature the installed torch has:
-the current one (``scale``, ``window_size``, ``enable_gqa``) and the 2.9-2.11 one
-(``is_causal`` only), with the math of ``varlen`` (per-sample SDPA) either way. The kernel is
-stubbed by per-segment SDPA: there is no CUDA kernel on CPU."""
+the current one (``scale``, ``window_size``, ``enable_gqa``), torch 2.11's (no ``enable_gqa``)
+and the oldest (``is_causal`` only), with the math of ``varlen`` (per-sample SDPA) either way.
+The kernel is stubbed by per-segment SDPA: there is no CUDA kernel on CPU."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ def current_kernel(calls: list[dict[str, Any]]) -> Any:
     return varlen_attn
 
 
+def torch_2_11_kernel(calls: list[dict[str, Any]]) -> Any:
+    def varlen_attn(
+        q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+    ):
+        calls.append({"window_size": window_size, "max_q": max_q, "heads": k.shape[1]})
+        assert k.shape[1] == q.shape[1], "torch 2.11's kernel has no grouped-query attention"
+        causal = window_size == (-1, 0)
+        return _segments(q, k, v, cu_q, causal=causal, scale=scale, gqa=False)
+
+    return varlen_attn
+
+
 def old_kernel(calls: list[dict[str, Any]]) -> Any:
     def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
         calls.append({"is_causal": is_causal, "max_q": max_q, "heads": k.shape[1]})
@@ -56,7 +68,7 @@ def _inputs() -> tuple[torch.Tensor, ...]:
     return q, k, v
 
 
-@pytest.mark.parametrize("make_kernel", [current_kernel, old_kernel])
+@pytest.mark.parametrize("make_kernel", [current_kernel, torch_2_11_kernel, old_kernel])
 @pytest.mark.parametrize("causal", [True, False])
 def test_both_signatures_compute_varlen(
     monkeypatch: pytest.MonkeyPatch, make_kernel: Any, causal: bool
