@@ -251,7 +251,8 @@ class VisionEncoderAdapter(Protocol):
         """Per-image vision inputs of a micro-batch (for encoder parallelism).
 
         One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
-        dicts' tensors along dim 0 gives back the inputs of several images.
+        dicts' tensors along dim 0 gives back the inputs of several images. Encoder parallelism
+        calls it with the micro-batch's host (CPU) tensors, so it must work on them.
         """
         ...
 

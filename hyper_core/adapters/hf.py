@@ -357,14 +357,17 @@ class HFModelAdapter(ModelAdapter):
         return features
 
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image."""
+        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image.
+
+        Encoder parallelism calls it with the micro-batch's host tensors, so reading the patch
+        counts waits for no device."""
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
         pixel_values = model_inputs.get("pixel_values")
         grid = model_inputs.get("image_grid_thw")
         if pixel_values is None or grid is None or not len(grid):
             return []
-        # one device-to-host copy for all images (``int`` per image waits once per image)
+        # one read of all the patch counts (on a device tensor, one wait, not one per image)
         chunks = pixel_values.split(grid.prod(dim=-1).tolist(), dim=0)
         return [
             {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}

@@ -109,6 +109,40 @@ def layout(kind: str) -> list[list[str]]:
     return samples
 
 
+def tiny_vl_micro_batch(family: str, image_dir: Path) -> tuple[Any, Any, Any]:
+    """A tiny ``family`` adapter and model (seed 0), and one packed micro-batch of two samples
+    with three images of :func:`write_images` in ``image_dir``."""
+    import torch
+
+    from hyper_core.batching.base import BatchingOptions
+    from hyper_core.batching.packed import PackedRuntime
+    from hyper_core.config.schema import ModelConfig
+    from hyper_core.plugins import get_plugin_host
+
+    adapter = get_plugin_host().registries.model_adapters.get(family)()
+    model_config = ModelConfig(adapter=family, config="tiny")
+    torch.manual_seed(0)
+    model = adapter.build_model(model_config)
+    assets = adapter.build_assets(model_config)
+    source = {"file": str(image_dir / "data.jsonl"), "line": 1}
+
+    def sample(images: list[str], answer: str) -> dict[str, Any]:
+        content: list[dict[str, str]] = [{"type": "image", "image": i} for i in images]
+        content.append({"type": "text", "text": "What is it?"})
+        return {
+            "messages": [
+                {"role": "user", "content": content},
+                {"role": "assistant", "content": answer},
+            ],
+            "_source": source,
+        }
+
+    samples = [sample(["s112.png", "s56.png"], "a red circle"), sample(["r84x140.png"], "blue")]
+    features = [adapter.transform(s, assets, max_seq_len=512) for s in samples]
+    options = BatchingOptions(micro_batch_size=2, max_seq_len=512, pad_token_id=assets.pad_token_id)
+    return adapter, model, PackedRuntime(options).make_micro_batch(features)
+
+
 def write_dataset(root: Path, kind: str) -> Path:
     """``root/<kind>.jsonl`` (images in ``root``)."""
     write_images(root)

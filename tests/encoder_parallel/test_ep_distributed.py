@@ -36,6 +36,8 @@ ON = {"encoder_parallel": {"enabled": True}}
 
 #: Jobs that also count host syncs per step (:mod:`ep_syncs`).
 COUNTED = ("ddp-on-skew", "fsdp2-on-none")
+#: Where balancing code runs (the plugin, the adapter's split).
+BALANCING = ("hyper_encoder_parallel", "hyper_core.adapters")
 
 
 def _jobs(root: Path, data: dict[str, Path]) -> dict[str, dict[str, Any]]:
@@ -150,23 +152,20 @@ def test_rank_without_images_trains_like_one_rank(root: Path, strategy: str) -> 
 
 @pytest.mark.parametrize("job", COUNTED)
 def test_host_syncs_per_step_do_not_grow_with_the_images(root: Path, job: str) -> None:
-    """Per micro-batch with images on a rank, encoder parallelism waits for the device twice,
-    however many images it holds: the adapter's split (one copy of the patch counts) and the
-    records (one copy of every image's metadata). The header, records and token counts go
-    between ranks as host objects over gloo; a rank without images adds nothing."""
-    counts: dict[int, list[int]] = {}
-    others = set()
+    """Encoder parallelism never waits for the device: the images' sizes and metadata are read
+    from the micro-batch's host tensors, and the header, records and token counts go between
+    ranks as host objects over gloo. A step syncs at most 3 times on 2 ranks, all of them the
+    core's, whatever the images (skew: 8 on rank 0, 2 on rank 1): the global count of loss
+    tokens, lockstep's micro-batch count, and the loss and gradient norm together."""
+    images_per_step = set()
     for rank in range(2):
         steps = json.loads((root / job / f"syncs-rank{rank}.json").read_text())
         assert len(steps) == STEPS
         for step in steps:
-            ours = [c for c in step["callers"] if c.startswith(("hyper_encoder", "hyper_core.ad"))]
-            assert len(ours) == 2 * step["micro_batches_with_images"], step
-            others.add(step["syncs"] - len(ours))  # the trainer's own, the same every step
-            counts.setdefault(step["micro_batches_with_images"], []).append(step["images"])
-    assert len(others) == 1, others
-    # the same count for very different numbers of images (skew: 8 on rank 0, 2 on rank 1)
-    assert any(len(set(images)) > 1 for images in counts.values()), counts
+            assert step["syncs"] <= 3, step
+            assert not [c for c in step["callers"] if c.startswith(BALANCING)], step
+            images_per_step.add(step["images"])
+    assert len(images_per_step) > 1, images_per_step
 
 
 def test_installed_but_not_enabled_is_bit_identical(root: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from ep_helpers import needs_vl, write_images
+from ep_helpers import needs_vl, tiny_vl_micro_batch, write_images
 
 from hyper_encoder_parallel.vision_io import FlatOutputs, Schema, merge_inputs
 
@@ -54,33 +54,7 @@ def test_schema_header_and_records_round_trip() -> None:
 
 
 def _batch(family: str, image_dir: Path) -> tuple[Any, Any, dict[str, Any], dict[str, Any], int]:
-    from hyper_core.batching.base import BatchingOptions
-    from hyper_core.batching.packed import PackedRuntime
-    from hyper_core.config.schema import ModelConfig
-    from hyper_core.plugins import get_plugin_host
-
-    adapter = get_plugin_host().registries.model_adapters.get(family)()
-    model_config = ModelConfig(adapter=family, config="tiny")
-    torch.manual_seed(0)
-    model = adapter.build_model(model_config)
-    assets = adapter.build_assets(model_config)
-    source = {"file": str(image_dir / "data.jsonl"), "line": 1}
-
-    def sample(images: list[str], answer: str) -> dict[str, Any]:
-        content: list[dict[str, str]] = [{"type": "image", "image": i} for i in images]
-        content.append({"type": "text", "text": "What is it?"})
-        return {
-            "messages": [
-                {"role": "user", "content": content},
-                {"role": "assistant", "content": answer},
-            ],
-            "_source": source,
-        }
-
-    samples = [sample(["s112.png", "s56.png"], "a red circle"), sample(["r84x140.png"], "blue")]
-    features = [adapter.transform(s, assets, max_seq_len=512) for s in samples]
-    options = BatchingOptions(micro_batch_size=2, max_seq_len=512, pad_token_id=assets.pad_token_id)
-    mb = PackedRuntime(options).make_micro_batch(features)
+    adapter, model, mb = tiny_vl_micro_batch(family, image_dir)
     return adapter, model, mb.model_inputs, mb.loss_inputs, mb.num_loss_tokens
 
 

@@ -4,9 +4,10 @@ A forward pre-hook on the model (inside DDP's wrapper; after FSDP2's root pre-fo
 root's parameters are unsharded) takes over the images of every training forward:
 
 1. all ranks all-gather a small header (image count, input layout) and one int64 record per
-   image (patch rows, ``image_grid_thw``...), as Python objects over a gloo group: the integer
-   metadata comes to the host once per micro-step (one copy for all images), and no
-   collective on the device waits for it;
+   image (patch rows, ``image_grid_thw``...), as Python objects over a gloo group. The records
+   come from the micro-batch's host tensors (the collate's, kept by
+   :meth:`EncoderBalancer.wrap_get_batch` when the run's ``get_batch`` moves them), so the host
+   never waits for the device here, and no collective on the device waits for the host;
 2. every rank runs the same deterministic planner on the same costs (LPT + local search);
 3. pixel patches go to their computing rank (``all_to_all_single`` with uneven splits);
 4. each rank runs the encoder **once** on its share, or on a zero-pixel copy of the smallest
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as tdist
@@ -40,6 +42,9 @@ import torch.distributed as tdist
 from .config import EncoderParallelConfig
 from .planner import image_cost, imbalance, loads, plan
 from .vision_io import FlatOutputs, Schema, merge_inputs
+
+if TYPE_CHECKING:
+    from hyper_core.types import GetBatch, MicroBatch
 
 log = logging.getLogger("hyper_train.encoder_parallel")
 
@@ -165,6 +170,9 @@ class EncoderBalancer:
         self._anchor: torch.Tensor | None = None
         self._logged_step = 0
         self._handles: list[Any] = []
+        #: The last micro-batch ``get_batch`` moved: its device model inputs (weakly) and its
+        #: host model inputs.
+        self._moved: tuple[list[weakref.ref[torch.Tensor]], Mapping[str, Any]] | None = None
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -184,6 +192,23 @@ class EncoderBalancer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def wrap_get_batch(self, get_batch: GetBatch) -> GetBatch:
+        """``get_batch`` that also keeps the host model inputs of the micro-batch it moves, for
+        the forward that receives its device tensors (:meth:`rebalance` reads the images' sizes
+        and metadata there, not on the device)."""
+
+        def get_batch_keeping_host_inputs(
+            micro_batch: MicroBatch,
+        ) -> tuple[dict[str, Any], dict[str, Any]]:
+            model_inputs, loss_inputs = get_batch(micro_batch)
+            self._moved = None
+            if model_inputs.get(self.keys[0]) is not None:
+                moved = [v for v in model_inputs.values() if isinstance(v, torch.Tensor)]
+                self._moved = ([weakref.ref(t) for t in moved], micro_batch.model_inputs)
+            return model_inputs, loss_inputs
+
+        return get_batch_keeping_host_inputs
 
     def _pre_forward(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -211,10 +236,7 @@ class EncoderBalancer:
     def rebalance(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The forward's keyword arguments with the images balanced (a collective)."""
         self.stats.micro_steps += 1
-        patch_key = self.keys[0]
-        images = (
-            self.adapter.split_vision_inputs(kwargs) if kwargs.get(patch_key) is not None else []
-        )
+        images = self._images(kwargs)
         schema = Schema.of(self.keys, images[0]) if images else None
         header = (
             schema.header(len(images)) if schema is not None else [0] * Schema.header_len(self.keys)
@@ -263,9 +285,9 @@ class EncoderBalancer:
         """Every rank encodes its own images (a rank without any encodes a dummy)."""
         if images:
             self.stats.images_computed += len(images)
-            return self.adapter.inject_vision_outputs(
-                kwargs, self._encode(merge_inputs(images, self.keys))
-            )
+            # the forward's own device inputs: all of this rank's images, concatenated
+            vision_inputs = {k: kwargs[k] for k in self.keys}
+            return self.adapter.inject_vision_outputs(kwargs, self._encode(vision_inputs))
         flat = FlatOutputs(self._encode(self._dummy(catalog, schema), dummy=True), 1)
         self._anchor = flat.pack()[:0].sum()
         return self._without_pixels(kwargs)
@@ -343,6 +365,31 @@ class EncoderBalancer:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _images(self, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """This forward's images: each one's device patches and its host metadata.
+
+        The adapter splits the host inputs that :meth:`wrap_get_batch` kept (its patch counts
+        and the records are then read without waiting for the device); the device patch tensor
+        is cut at the same rows. They are this forward's when one of its tensors is one that
+        ``get_batch`` returned (not the patches: FSDP2 casts floating inputs to its
+        ``param_dtype``, a new tensor). Without them (a forward not fed by the run's
+        ``get_batch``) the device inputs are split, which waits for the device.
+        """
+        patch_key = self.keys[0]
+        patches = kwargs.get(patch_key)
+        if patches is None:
+            return []
+        moved, self._moved = self._moved, None
+        given = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+        if moved is not None and any(ref() is t for ref in moved[0] for t in given):
+            images = self.adapter.split_vision_inputs(moved[1])
+            rows = [int(img[patch_key].shape[0]) for img in images]
+            if sum(rows) == patches.shape[0]:
+                chunks = patches.split(rows, dim=0)
+                return [{**img, patch_key: c} for img, c in zip(images, chunks, strict=True)]
+        log.debug("encoder_parallel: image metadata read from the device")
+        return self.adapter.split_vision_inputs(kwargs)
+
     def _encode(self, inputs: Mapping[str, Any], dummy: bool = False) -> Any:
         self.stats.encoder_calls += 1
         self.stats.dummy_calls += int(dummy)
@@ -396,10 +443,7 @@ class EncoderBalancer:
             out["encoder_parallel/images_moved"] = st.images_moved / max(st.images, 1)
         if self.settings.profile:
             steps = max(global_step - self._logged_step, 1)
-            t = torch.tensor([st.encoder_ms / steps], dtype=torch.float64, device=self.device)
-            gathered = [torch.empty_like(t) for _ in range(self.world)]
-            tdist.all_gather(gathered, t, group=self.group)
-            per_rank = [float(g.item()) for g in gathered]
+            per_rank = [float(ms) for ms in self._all_gather_objects(st.encoder_ms / steps)]
             out["encoder_parallel/encoder_ms_max"] = max(per_rank)
             out["encoder_parallel/encoder_ms_mean"] = sum(per_rank) / len(per_rank)
         self._logged_step = global_step
@@ -421,10 +465,15 @@ def install(
     settings: EncoderParallelConfig,
     dist: Any,
 ) -> EncoderBalancer:
-    """Balance ``model``'s encoder over all ranks (a collective: creates a process group)."""
+    """Balance ``model``'s encoder over all ranks (a collective: creates process groups).
+
+    Pixels and features go over a new group of the run's backend; the integer metadata over
+    gloo (host to host): that same group on a gloo run, a gloo group next to it otherwise.
+    """
     inner = strategy.unwrap(model)
     group = tdist.new_group()
-    host_group = tdist.new_group(backend="gloo")
+    gloo = tdist.get_backend(group) == "gloo"
+    host_group = group if gloo else tdist.new_group(backend="gloo")
     balancer = EncoderBalancer(
         inner,
         adapter,

@@ -2,7 +2,8 @@
 
 It binds the ``encoder_parallel`` strategy to its base (``on_stage_end`` of ``build_model``),
 checks the adapter and installs the balancer around ``parallelize_model``, holds that balancer
-for the run, and adds its metrics to ``on_log``. It imports no torch: the balancer
+for the run, shows it the host side of every micro-batch through ``build_get_batch``, and adds
+its metrics to ``on_log``. It imports no torch: the balancer
 (:mod:`hyper_encoder_parallel.balancer`) is imported when a run with several ranks installs it.
 """
 
@@ -134,6 +135,15 @@ class EncoderParallelRun:
                 self.settings.cost_model,
             )
         return result
+
+    @hookimpl(wrapper=True)
+    def build_get_batch(self) -> Generator[None, Any, Any]:
+        """The run's ``get_batch``, keeping each micro-batch's host inputs for the balancer (it
+        reads the images' sizes and metadata there, so a step never waits for the device)."""
+        get_batch = yield
+        if self.balancer is None or get_batch is None:
+            return get_batch
+        return self.balancer.wrap_get_batch(get_batch)
 
     @hookimpl
     def on_log(self, state: Any, metrics: dict[str, Any]) -> None:
