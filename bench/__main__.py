@@ -21,6 +21,7 @@ BENCHMARKS = (
     "loss",
     "data",
     "moe",
+    "cp",
 )
 
 

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from .runner import Result
 
 _CHILD = r"""
@@ -98,10 +100,18 @@ def long_tailed_lengths(n: int, seed: int = 0) -> list[int]:
 def token_budget_figures(result: Result, samples: int = 8192) -> None:
     """Tokens per micro-batch and max/mean tokens per rank per step, fixed-count micro-batches
     (8 samples) vs a 4096-token budget (at most 32 samples), 2 ranks, 64 samples per step, on
-    :func:`long_tailed_lengths`: the plans a run makes (``hyper_core.data.stats``)."""
+    :func:`long_tailed_lengths`: the plans a run makes (``hyper_core.data.stats``). Then the
+    look-ahead buffer (``[data] buffer_size``) of 1 step vs 8 steps: the budget's micro-batches
+    and tokens per micro-batch, and the padding of ``padded`` micro-batches of 8 samples."""
     import statistics
 
-    from hyper_core.data.stats import Batching, micro_batch_groups, token_budget_plan
+    from hyper_core.data.stats import (
+        Batching,
+        buffered_order,
+        micro_batch_groups,
+        predict_padding,
+        token_budget_plan,
+    )
 
     lengths = long_tailed_lengths(samples)
     fixed = Batching(global_batch_size=64, micro_batch_size=8, world_size=2)
@@ -131,6 +141,27 @@ def token_budget_figures(result: Result, samples: int = 8192) -> None:
         result.figure(f"{name}_micro_batches", "count").values.append(len(sizes))
         result.figure(f"{name}_rank_tokens_max_over_mean", "ratio").values.append(per_rank(ranks))
     result.notes.append("goal: token-budget max/mean tokens per rank per step <= 1.05")
+    for steps in (1, 8):
+        grouped = buffered_order(lengths, attrs.evolve(budget, buffer_steps=steps))
+        plan = token_budget_plan(grouped, budget)
+        sizes = [t for step in plan for rank in step for t in rank]
+        by_length = buffered_order(lengths, attrs.evolve(fixed, buffer_steps=steps))
+        padded = predict_padding(by_length, fixed)["padded"]
+        name = f"buffer{steps}"
+        result.figure(f"{name}_budget4096_micro_batches", "count").values.append(len(sizes))
+        for stat, value in (
+            ("min", min(sizes)),
+            ("median", statistics.median(sizes)),
+            ("max", max(sizes)),
+        ):
+            result.figure(
+                f"{name}_budget4096_tokens_per_micro_batch_{stat}", "tokens"
+            ).values.append(value)
+        result.figure(f"{name}_budget4096_rank_tokens_max_over_mean", "ratio").values.append(
+            per_rank([[sum(rank) for rank in step] for step in plan])
+        )
+        result.figure(f"{name}_padded8_padding", "tokens").values.append(padded.padding)
+        result.figure(f"{name}_padded8_padding_ratio", "ratio").values.append(padded.ratio)
 
 
 def run(size: str = "full") -> Result:

@@ -3,7 +3,10 @@
 Both sides use the same model object, the same optimizer and scheduler, and the same pre-built
 micro-batches; they alternate in blocks of steps so that machine noise cancels. The hand loop is
 what a careful user writes: move to device, forward, sum-CE / tokens, backward, clip, step,
-scheduler step, zero_grad.
+scheduler step, zero_grad. Two hand loops: on the trainer's own model (``varlen`` attention:
+the overhead of the trainer around the same math), and the plain packed loop (#21's
+baseline): the same packed rows with per-sample positions, transformers' ``sdpa`` over each
+row (one call per layer, a block-diagonal mask), logits at every position.
 """
 
 from __future__ import annotations
@@ -94,6 +97,17 @@ def hand_step(trainer: Any, micro_batches: list[Any]) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+def hand_sdpa_step(trainer: Any, micro_batches: list[Any]) -> None:
+    """The plain packed loop: :func:`hand_step` with transformers' ``sdpa`` over each row."""
+    model = trainer.unwrapped_model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        hand_step(trainer, micro_batches)
+    finally:
+        model.set_attn_implementation(previous)
+
+
 def run(size: str = "full") -> Result:
     """Step-time ratio trainer/hand loop for the tiny demo model and the ~27M model."""
     from hyper_core.adapters.hf import count_params
@@ -109,9 +123,10 @@ def run(size: str = "full") -> Result:
             batches = [next(data) for _ in range(block)]
             result.params[f"{name}_params"] = count_params(trainer.model, exclude_embeddings=False)
             result.params[f"{name}_micro_batches_per_step"] = len(batches[0].micro_batches)
-            for b in batches[:2]:  # warm up both paths
+            for b in batches[:2]:  # warm up every path
                 trainer.train_step(b)
                 hand_step(trainer, b.micro_batches)
+                hand_sdpa_step(trainer, b.micro_batches)
 
             def ours(trainer: Any = trainer, batches: list[Any] = batches) -> float:
                 t0 = time.perf_counter()
@@ -125,12 +140,29 @@ def run(size: str = "full") -> Result:
                     hand_step(trainer, b.micro_batches)
                 return (time.perf_counter() - t0) / len(batches)
 
-            times = alternate({"hyper_train": ours, "hand_loop": hand}, repeats)
+            def plain(trainer: Any = trainer, batches: list[Any] = batches) -> float:
+                t0 = time.perf_counter()
+                for b in batches:
+                    hand_sdpa_step(trainer, b.micro_batches)
+                return (time.perf_counter() - t0) / len(batches)
+
+            times = alternate(
+                {"hyper_train": ours, "hand_loop": hand, "hand_packed_sdpa": plain}, repeats
+            )
             result.figure(f"{name}_hyper_train_step", "s").values.extend(times["hyper_train"])
             result.figure(f"{name}_hand_loop_step", "s").values.extend(times["hand_loop"])
+            result.figure(f"{name}_hand_packed_sdpa_step", "s").values.extend(
+                times["hand_packed_sdpa"]
+            )
             goal = "<= 1.03" if name == "medium" else None
             result.ratios[f"{name}_step_ratio"] = Ratio(
                 f"{name}_hyper_train_step", f"{name}_hand_loop_step", goal
+            )
+            # speed-up over the plain packed loop (its step time over ours)
+            result.ratios[f"{name}_speedup_vs_packed_sdpa"] = Ratio(
+                f"{name}_hand_packed_sdpa_step",
+                f"{name}_hyper_train_step",
+                ">= 1.25" if name == "medium" else None,
             )
             trainer._teardown()
     return result

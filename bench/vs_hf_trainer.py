@@ -218,6 +218,6 @@ def run(size: str = "full") -> Result:
             )
         trainer._teardown()
     result.ratios["speedup"] = Ratio(
-        "hyper_train_real_tokens_per_s", "hf_trainer_real_tokens_per_s", ">= 1.6"
+        "hyper_train_real_tokens_per_s", "hf_trainer_real_tokens_per_s", ">= 1.9"
     )
     return result

@@ -9,6 +9,10 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0"
 pkgs=(-e ".[dev,plot,parquet]")
 for d in adapters/* plugins/*; do
-  [ -f "$d/pyproject.toml" ] && pkgs+=(-e "$d")
+  [ -f "$d/pyproject.toml" ] || continue
+  case "$d" in
+    adapters/qwen-vl) pkgs+=(-e "$d[video]") ;;  # PyAV: the video tests decode files
+    *) pkgs+=(-e "$d") ;;
+  esac
 done
 "${pip[@]}" "${pkgs[@]}"

@@ -337,22 +337,36 @@ class HFModelAdapter(ModelAdapter):
     # -- vision encoder (encoder parallelism), transformers' VL conventions -----------------
 
     def vision_filler(self, assets: Any) -> Any:
-        """A 56×56 grey image with an empty answer, through :meth:`transform`, no labels."""
+        """A 56×56 grey image with an empty answer, through :meth:`transform`, no labels; when
+        the processor takes videos (``process_videos``), also a 2-frame 56×56 grey video, so
+        that the filler runs the tower for images and for videos alike."""
         if self.vision_module is None:
             return None
+        import tempfile
+
         from PIL import Image
 
         from ..batching.types import IGNORE_INDEX
 
         image = Image.new("RGB", (56, 56), (128, 128, 128))
-        sample = {
-            "messages": [
-                {"role": "user", "content": [{"type": "image", "image": image}]},
-                {"role": "assistant", "content": ""},
-            ],
-            "meta": {"filler": True},
-        }
-        features = self.transform(sample, assets, max_seq_len=1 << 20)
+        content: list[dict[str, Any]] = [{"type": "image", "image": image}]
+        with tempfile.TemporaryDirectory(prefix="hyper-train-filler-") as tmp:
+            if callable(getattr(assets.processor, "process_videos", None)):
+                frames = [str(Path(tmp) / f"{i}.png") for i in range(2)]
+                for frame in frames:
+                    image.save(frame)
+                side = 56 * 56  # the frames' own size, whatever the model's video defaults
+                content.append(
+                    {"type": "video", "video": frames, "min_pixels": side, "max_pixels": side}
+                )
+            sample = {
+                "messages": [
+                    {"role": "user", "content": content},
+                    {"role": "assistant", "content": ""},
+                ],
+                "meta": {"filler": True},
+            }
+            features = self.transform(sample, assets, max_seq_len=1 << 20)
         features.labels.fill_(IGNORE_INDEX)
         return features
 

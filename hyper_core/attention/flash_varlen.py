@@ -32,7 +32,13 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .varlen import cu_bounds, packed_bounds, varlen_attention_forward, varlen_mask
+from .varlen import (
+    context_parallel_aware,
+    cu_bounds,
+    packed_bounds,
+    varlen_attention,
+    varlen_mask,
+)
 
 #: The name ``[model] attn_implementation`` gives to :func:`flash_varlen_forward`.
 FLASH_VARLEN = "flash_varlen"
@@ -129,7 +135,7 @@ def _call_kernel(
     return fn(q, k, v, cu_q, cu_k, longest_q, longest_k, **kwargs)
 
 
-def flash_varlen_forward(
+def flash_varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -158,7 +164,7 @@ def flash_varlen_forward(
         or length != key.shape[2]
         or window_unsupported
     ):
-        return varlen_attention_forward(
+        return varlen_attention(
             module,
             query,
             key,
@@ -198,6 +204,10 @@ def flash_varlen_forward(
         sliding_window=sliding_window,
     )
     return out.reshape(batch, length, heads, value.shape[-1]), None
+
+
+#: ``flash_varlen`` as registered with transformers, context-parallel aware.
+flash_varlen_forward = context_parallel_aware(flash_varlen_attention)
 
 
 def register() -> None:

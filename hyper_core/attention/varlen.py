@@ -11,6 +11,7 @@ cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so ``varlen`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
@@ -19,6 +20,11 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import VARLEN
+
+#: An attention module with this attribute (set by ``[parallel] cp``) holds this rank's share
+#: of a row's tokens: in training its object's ``attention`` runs this function over the
+#: whole row (:class:`hyper_core.parallel.context_parallel.ContextParallel`).
+CONTEXT_PARALLEL_ATTR = "hyper_context_parallel"
 
 # Boundaries as Python ints, per tensor (by identity, checked against its version): every layer
 # of one forward gets the same cu_seq_lens/position_ids tensor, so the device→host copy (a sync
@@ -130,7 +136,7 @@ def segment_attention(
     return torch.cat(outputs, dim=1).reshape(batch, q_len, heads, value.shape[-1])
 
 
-def varlen_attention_forward(
+def varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -147,7 +153,8 @@ def varlen_attention_forward(
     position_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature; ``(B, L, H, Dv)`` output, no weights."""
+    """transformers' attention-function signature; ``(B, L, H, Dv)`` output, no weights
+    (the rows as given: :func:`varlen_attention_forward` adds ``[parallel] cp``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, _, q_len, _ = query.shape
@@ -188,6 +195,35 @@ def varlen_attention_forward(
         sliding_window=sliding_window,
     )
     return out, None
+
+
+AttentionFn = Callable[..., tuple[torch.Tensor, Any]]
+
+
+def context_parallel_aware(fn: AttentionFn) -> AttentionFn:
+    """``fn`` that, for an attention module holding this rank's share of a row (``[parallel]
+    cp``, training), runs over the whole row through the group's Ulysses exchange
+    (:meth:`hyper_core.parallel.context_parallel.ContextParallel.attention`)."""
+
+    @functools.wraps(fn)
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        cp = getattr(module, CONTEXT_PARALLEL_ATTR, None)
+        if cp is not None and module.training:
+            return cp.attention(fn, module, query, key, value, attention_mask, **kwargs)
+        return fn(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+#: ``varlen`` as registered with transformers: :func:`varlen_attention`, context-parallel aware.
+varlen_attention_forward = context_parallel_aware(varlen_attention)
 
 
 def varlen_mask(

@@ -26,12 +26,24 @@ class BatchingOptions:
     #: attention (``varlen``, ``flash_attention_2``...). Off, models that ignore them never
     #: see them.
     varlen_kwargs: bool = False
-    #: A sample with one small image and no loss, added to every micro-batch that has no image
-    #: (see :meth:`BatchingRuntime.with_filler`). Set when several ranks train a VL model: each
+    #: A sample with one small image (and a small video when the model takes videos) and no
+    #: loss, added to every micro-batch that lacks images or videos (see
+    #: :meth:`BatchingRuntime.with_filler`). Set when several ranks train a VL model: each
     #: rank's forward then runs the vision encoder, so DDP/FSDP collectives stay in step. None
     #: when one rank trains, or when a per-run plugin object runs the encoder on every rank
     #: itself (``runs_vision_encoder_on_every_rank``, see the ``build_callbacks`` hook).
     vision_filler: SampleFeatures | None = attrs.field(default=None, eq=False, repr=False)
+
+
+def needs_filler(group: Sequence[SampleFeatures], filler: SampleFeatures) -> bool:
+    """Whether ``group`` lacks images or videos that ``filler`` has.
+
+    A VL model runs its vision tower once per kind of media present (images, then videos), so
+    with the filler appended every micro-batch of every rank runs it the same number of times
+    and the ranks' DDP/FSDP collectives stay in step."""
+    images = filler.num_images > 0 and not any(f.num_images for f in group)
+    videos = filler.num_videos > 0 and not any(f.num_videos for f in group)
+    return images or videos
 
 
 class BatchingRuntime:
@@ -58,10 +70,11 @@ class BatchingRuntime:
         return [self.with_filler(group) for group in self.split(features) if group]
 
     def with_filler(self, group: list[SampleFeatures]) -> MicroBatch:
-        """:meth:`make_micro_batch`, with :attr:`vision_filler` appended to an image-less
-        group; the filler's tokens count as padding and its meta says ``filler``."""
+        """:meth:`make_micro_batch`, with :attr:`vision_filler` appended to a group that lacks
+        one of the filler's kinds of media (images, videos); the filler's tokens count as
+        padding and its meta says ``filler``."""
         filler = self.vision_filler
-        if filler is None or any(f.num_images for f in group):
+        if filler is None or not needs_filler(group, filler):
             return self.make_micro_batch(group)
         mb = self.make_micro_batch([*group, filler])
         mb.num_samples -= 1

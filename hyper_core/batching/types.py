@@ -29,6 +29,8 @@ class SampleFeatures:
     #: Fields concatenated along dim 0 across samples in order (pixel_values, image_grid_thw).
     media: dict[str, torch.Tensor] = attrs.field(factory=dict)
     num_images: int = 0
+    #: Videos in the sample (with images, what decides where the vision filler goes).
+    num_videos: int = 0
     #: Free-form information for evaluation and metrics (never given to the model).
     meta: dict[str, Any] = attrs.field(factory=dict)
 

@@ -30,8 +30,10 @@ def register_parallel_strategies(register: Any) -> None:
 
 @hookimpl
 def register_dataset_formats(register: Any) -> None:
-    """``jsonl``, ``parquet`` and ``hf`` conversations and the synthetic ``shapes`` demo set."""
+    """``jsonl``, ``parquet`` and ``hf`` conversations, the synthetic ``shapes`` demo set and
+    the video demo's ``moving_shapes`` clips."""
     register("jsonl", "hyper_core.data.jsonl:load_jsonl_format")
     register("parquet", "hyper_core.data.parquet:load_parquet_format")
     register("hf", "hyper_core.data.parquet:load_hf_format")
     register("shapes", "hyper_core.data.shapes:load_shapes_format")
+    register("moving_shapes", "hyper_core.data.moving_shapes:load_moving_shapes_format")

@@ -195,7 +195,8 @@ def build_collate_fn(config: Any, runtime: Any, assets: Any) -> Any:
 @default
 def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> Any:
     """A resumable, rank-sharded step loader for train (its steps shared among the ranks by
-    tokens with ``[data] max_tokens_per_micro_batch``); a single-pass loader for eval."""
+    tokens with ``[data] max_tokens_per_micro_batch``, regrouped within ``[data] buffer_size``
+    steps); a single-pass loader for eval."""
     from ..data.loader import StepLoader, StepSampler
     from ..trainer.trainer import check_batch_sizes
     from ..types import DataLoaders
@@ -203,7 +204,9 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
     t, data = config.training, config.data
     check_batch_sizes(config, dist.dp_size)
 
-    def loader(dataset: Any, shuffle: bool, balance_ranks: bool = False) -> Any:
+    def loader(
+        dataset: Any, shuffle: bool, balance_ranks: bool = False, buffer_steps: int = 1
+    ) -> Any:
         sampler = StepSampler(
             num_samples=len(dataset),
             global_batch_size=t.global_batch_size,
@@ -219,9 +222,11 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
             num_workers=data.num_workers,
             pin_memory=dist.device is not None and dist.device.type == "cuda",
             balance_ranks=balance_ranks,
+            buffer_steps=buffer_steps,
         )
 
-    train = loader(datasets.train, data.shuffle, data.max_tokens_per_micro_batch is not None)
+    budget = data.max_tokens_per_micro_batch is not None
+    train = loader(datasets.train, data.shuffle, budget, data.buffer_size)
     evaluation = loader(datasets.eval, False) if datasets.eval is not None else None
     return DataLoaders(train=train, eval=evaluation)
 

@@ -412,18 +412,38 @@ class DataConfig(_Section):
             "`too_long`."
         ),
     )
+    buffer_size: int = attrs.field(
+        default=1,
+        validator=at_least(1),
+        metadata=meta(
+            "Look-ahead buffer, in steps (`global_batch_size` samples each, so it suits any "
+            "batch or world size): the training samples of this many steps are regrouped into "
+            "as many steps, run in a seeded shuffled order: of similar lengths (less padding), "
+            "or with `max_tokens_per_micro_batch` to fill the budget (fewer micro-batches). "
+            "Every rank prepares the whole buffer. 1: no regrouping. Needs `shuffle`."
+        ),
+    )
 
     def _problems(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
         budget = self.max_tokens_per_micro_batch
         if budget is not None and budget < self.max_seq_len:
-            return [
+            problems.append(
                 (
                     "$.max_tokens_per_micro_batch",
                     f"{budget} is less than max_seq_len ({self.max_seq_len}), so a sample of "
                     "max_seq_len tokens would not fit; raise it or lower max_seq_len",
                 )
-            ]
-        return []
+            )
+        if self.buffer_size > 1 and not self.shuffle:
+            problems.append(
+                (
+                    "$.buffer_size",
+                    f"{self.buffer_size} regroups the samples by length, but shuffle = false "
+                    "keeps them in file order; set shuffle = true or buffer_size = 1",
+                )
+            )
+        return problems
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -583,6 +603,17 @@ class ParallelConfig(_Section):
             "are split over groups of `ep` ranks, which exchange tokens all-to-all; expert "
             "weights are FSDP-sharded over the other `dp_shard / ep` ranks. Must divide "
             "`dp_shard` and the expert count."
+        ),
+    )
+    cp: int = attrs.field(
+        default=1,
+        validator=at_least(1),
+        metadata=meta(
+            "Context (sequence) parallelism (`fsdp2`, `varlen` attention): each packed row's "
+            "tokens are split over groups of `cp` consecutive ranks, which read the same data; "
+            "attention is exact by all-to-all over heads (Ulysses), so `cp` must divide the "
+            "attention and key/value head counts. The world is `dp_replicate × dp_shard × cp`; "
+            "FSDP shards over `dp_shard × cp`."
         ),
     )
     param_dtype: Dtype | None = attrs.field(

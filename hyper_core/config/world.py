@@ -1,8 +1,10 @@
 """What a config needs of the world size, checked before any process starts.
 
-Every rank is a data-parallel rank (``DistEnv.dp_size == world_size``), so the world size
-``nproc_per_node × nnodes`` must split ``global_batch_size`` into micro-batches and match the
-``[parallel]`` mesh ``dp_replicate × dp_shard`` (and ``ep``, which divides ``dp_shard``).
+Every rank is a data-parallel rank, or one of the ``cp`` ranks of a context-parallel group,
+which read the same data (``DistEnv.dp_size == world_size / cp``), so the world size
+``nproc_per_node × nnodes`` must match the ``[parallel]`` mesh ``dp_replicate × dp_shard × cp``
+(and ``ep``, which divides ``dp_shard``) and ``world / cp`` must split ``global_batch_size``
+into micro-batches.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import attrs
 
 from hyper_core.config.schema import Config
 from hyper_core.errors import ConfigError, UserError
+from hyper_core.parallel.context_parallel import context_parallel_problem
 
 
 @attrs.frozen
@@ -54,6 +57,11 @@ def check_world(
     for n in range(nodes.min, nodes.max + 1):
         world = n * nproc
         if world == 1:
+            if config.parallel.cp > 1 and nproc_per_node is not None:
+                cp = config.parallel.cp
+                raise ConfigError(
+                    [("$.parallel.cp", f"{cp} needs {cp} ranks or a multiple, got 1")], source
+                )
             if config.parallel.ep > 1 and nproc_per_node is not None:
                 raise ConfigError(
                     [
@@ -82,18 +90,29 @@ def _problem(config: Config, world: int) -> tuple[str, str] | None:
     par = config.parallel
     if par.strategy == "none":
         return ("$.parallel.strategy", "'none' runs one process; use 'ddp' or 'fsdp2'")
-    if world % par.dp_replicate:
+    cp_problem = context_parallel_problem(config)
+    if cp_problem is not None:
+        return cp_problem
+    if world % (par.dp_replicate * par.cp):
+        if par.cp > 1:
+            return (
+                "$.parallel.cp",
+                f"dp_replicate ({par.dp_replicate}) × cp ({par.cp}) does not divide the world "
+                f"size {world}; try cp "
+                + " or ".join(str(d) for d in _nearest_divisors(world // par.dp_replicate, par.cp)),
+            )
         return (
             "$.parallel.dp_replicate",
             f"{par.dp_replicate} does not divide the world size {world}; try dp_replicate "
             + " or ".join(str(d) for d in _nearest_divisors(world, par.dp_replicate)),
         )
-    shard = par.dp_shard if par.dp_shard != -1 else world // par.dp_replicate
-    if par.dp_replicate * shard != world:
+    shard = par.dp_shard if par.dp_shard != -1 else world // (par.dp_replicate * par.cp)
+    if par.dp_replicate * shard * par.cp != world:
+        cp = f" × cp ({par.cp})" if par.cp > 1 else ""
         return (
             "$.parallel.dp_shard",
-            f"dp_replicate ({par.dp_replicate}) × dp_shard ({shard}) must equal the world size "
-            f"({world}); try dp_shard {world // par.dp_replicate} or -1",
+            f"dp_replicate ({par.dp_replicate}) × dp_shard ({shard}){cp} must equal the world "
+            f"size ({world}); try dp_shard {world // (par.dp_replicate * par.cp)} or -1",
         )
     if shard % par.ep:
         return (
@@ -103,7 +122,7 @@ def _problem(config: Config, world: int) -> tuple[str, str] | None:
             + " or ".join(str(d) for d in _nearest_divisors(shard, par.ep)),
         )
     t = config.training
-    return _batch_problem(t.global_batch_size, t.micro_batch_size, world)
+    return _batch_problem(t.global_batch_size, t.micro_batch_size, world // par.cp)
 
 
 def _batch_problem(global_bs: int, micro: int, dp: int) -> tuple[str, str] | None:

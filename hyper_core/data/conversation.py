@@ -4,6 +4,8 @@ Accepted raw samples (``sample`` is one JSON object):
 
 * ``{"messages": [{"role": "user", "content": "text"}, ...]}`` — content a string;
 * content lists: ``[{"type": "image", "image": "rel/path.png"}, {"type": "text", "text": "..."}]``;
+  a video part is ``{"type": "video", "video": PATH}``, PATH a video file or a list of frame
+  image paths, with optional ``fps``, ``max_frames``, ``min_pixels``, ``max_pixels``;
 * LLaVA style: string content with ``<image>`` placeholders (and ``{"type": "image"}`` parts
   without a path) filled in order from a top-level ``"images": [...]`` (or ``"image"``: one
   path or a list of paths);
@@ -69,7 +71,26 @@ class ImagePart:
         return str(self.path) if self.path is not None else "<in-memory image>"
 
 
-Part = Union[TextPart, ImagePart]  # noqa: UP007 (runtime alias, py3.10)
+@attrs.frozen(kw_only=True)
+class VideoPart:
+    """A video inside a message: a video file (``path``) or frame image files (``frames``),
+    decoded by the adapter's processor; the per-part settings override the adapter's."""
+
+    path: Path | None = None
+    frames: tuple[Path, ...] | None = None
+    fps: float | None = None
+    max_frames: int | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+
+    def describe(self) -> str:
+        """The path, or the first frame's path and the frame count."""
+        if self.frames is not None:
+            return f"{self.frames[0]} (+{len(self.frames) - 1} frames)" if self.frames else "[]"
+        return str(self.path)
+
+
+Part = Union[TextPart, ImagePart, VideoPart]  # noqa: UP007 (runtime alias, py3.10)
 
 
 @attrs.frozen
@@ -101,6 +122,11 @@ class Conversation:
         """Number of image parts."""
         return len(self.images)
 
+    @property
+    def videos(self) -> list[VideoPart]:
+        """All video parts in order of appearance."""
+        return [p for m in self.messages for p in m.parts if isinstance(p, VideoPart)]
+
     def prompt_and_answer(self) -> tuple[Conversation, str]:
         """The conversation before the last assistant turn, and that turn's text (for eval)."""
         last = max(i for i, m in enumerate(self.messages) if m.role == "assistant")
@@ -117,6 +143,12 @@ class Conversation:
             for p in m.parts:
                 if isinstance(p, TextPart):
                     content.append({"type": "text", "text": p.text})
+                elif isinstance(p, VideoPart):
+                    frames = None if p.frames is None else [str(f) for f in p.frames]
+                    video = {"type": "video", "video": frames or str(p.path)}
+                    settings = ("fps", "max_frames", "min_pixels", "max_pixels")
+                    video.update({k: getattr(p, k) for k in settings if getattr(p, k)})
+                    content.append(video)
                 else:
                     item: dict[str, Any] = {"type": "image"}
                     if p.image is not None:
@@ -172,6 +204,36 @@ def _image_part(value: Any, base: Path | None, where: str) -> ImagePart:
     return ImagePart(path=path)
 
 
+def _video_part(item: Mapping[str, Any], base: Path | None, where: str) -> VideoPart:
+    value = item.get("video", item.get("path"))
+    if isinstance(value, list):
+        if not value:
+            raise SampleError("bad_format", f"{where}: video frame list is empty")
+        at = f"{where}.video"
+        parts = [_image_part(v, base, f"{at}[{i}]") for i, v in enumerate(value)]
+        if any(p.path is None or p.data is not None or p.image is not None for p in parts):
+            raise SampleError("bad_format", f"{at}: video frames must be paths")
+        fields: dict[str, Any] = {"frames": tuple(p.path for p in parts)}
+    else:
+        fields = {"path": _image_part(value, base, f"{where}.video").path}
+        if fields["path"] is None:
+            raise SampleError("bad_format", f"{where}: video must be a path or a list of paths")
+    kinds = {"fps": float, "max_frames": int, "min_pixels": int, "max_pixels": int}
+    for key, kind in kinds.items():
+        v = item.get(key)
+        if v is None:
+            continue
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v <= 0
+            or (kind is int and int(v) != v)
+        ):
+            raise SampleError("bad_format", f"{where}.{key}: must be a positive number, got {v!r}")
+        fields[key] = kind(v)
+    return VideoPart(**fields)
+
+
 def _split_placeholders(text: str) -> list[Any]:
     parts: list[Any] = []
     for i, chunk in enumerate(text.split(IMAGE_PLACEHOLDER)):
@@ -204,6 +266,8 @@ def _content_parts(content: Any, base: Path | None, where: str) -> list[Any]:
             if not isinstance(text, str):
                 raise SampleError("bad_format", f"{at}: text part without a string 'text'")
             parts.extend(_split_placeholders(text))
+        elif kind == "video":
+            parts.append(_video_part(item, base, at))
         elif kind in ("image", "image_url"):
             value = item.get("image", item.get("path", item.get("url", item.get("image_url"))))
             if isinstance(value, Mapping) and "url" in value:

@@ -11,6 +11,18 @@ and keeps its share of a token-balanced plan instead (:class:`RankShare`): ranks
 the data work of the slices, and get equal tokens, not equal samples. The plan depends only on
 the step's samples, so a resumed run continues the same sequence.
 
+With a look-ahead buffer of ``buffer_steps > 1`` steps (``[data] buffer_size``), the epoch's
+steps are taken ``buffer_steps`` at a time: every rank prepares the buffer's ``buffer_steps × G``
+samples (one DataLoader item), regroups them into as many steps
+(:class:`~hyper_core.batching.token_budget.StepPlanner`: of similar lengths, or with a token
+budget the plan with the fewest forwards), and runs those steps in an order shuffled with
+``(seed, epoch, buffer)`` (:meth:`StepSampler.step_order`); each step is then shared among the
+ranks as without a buffer (contiguous slices, or by tokens). Step ``s`` is thus a pure
+function of the epoch's order and ``s``: the same set of samples per epoch as without the
+buffer, and a resumed run prepares again the buffer it stopped in and continues at ``s``. The
+cost: every rank prepares every rank's samples (``W ×`` the data work of its slice), a worker
+holds a whole buffer's samples, and the first step waits for a whole buffer.
+
 Workers: with ``num_workers > 0`` the loader uses the ``fork`` start method where available
 (Linux): workers start fast and inherit the transform (tokenizer, processor) without pickling
 it. Pass ``multiprocessing_context`` to override (``"spawn"``/``"forkserver"`` need a picklable
@@ -36,6 +48,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +56,7 @@ import attrs
 import torch
 import torch.utils.data
 
-from ..batching.token_budget import assign_to_ranks
+from ..batching.token_budget import StepPlanner, TokenBudgetCollate, assign_to_ranks
 from ..batching.types import MicroBatch, SampleFeatures
 from ..errors import DataError
 from .dataset import Skipped
@@ -131,6 +144,31 @@ class StepSampler:
         for step in range(start_step, self.steps_per_epoch):
             yield self.step_indices(epoch, step, all_ranks=all_ranks)
 
+    def buffer_indices(self, epoch: int, buffer: int, buffer_steps: int) -> list[int]:
+        """Every rank's indices of steps ``[buffer × buffer_steps, (buffer + 1) × buffer_steps)``
+        of ``epoch`` (fewer steps in the epoch's last buffer), in order."""
+        first = buffer * buffer_steps
+        last = min(first + buffer_steps, self.steps_per_epoch)
+        if not 0 <= first < last:
+            raise IndexError(f"buffer {buffer} of {buffer_steps} steps is outside the epoch")
+        g = self.global_batch_size
+        return self.permutation(epoch)[first * g : last * g]
+
+    def step_order(self, epoch: int, buffer: int, steps: int) -> list[int]:
+        """The order in which a buffer's ``steps`` regrouped steps run: a permutation seeded by
+        ``(seed, epoch, buffer)`` (identity without shuffle), so that steps of long and short
+        samples alternate at random instead of rising through each buffer."""
+        if not self.shuffle:
+            return list(range(steps))
+        mixed = ((self.seed * 1_000_003 + epoch) * 1_000_003 + buffer) % 2**63
+        return torch.randperm(steps, generator=torch.Generator().manual_seed(mixed)).tolist()
+
+    def iter_buffers(self, epoch: int, start_buffer: int, buffer_steps: int) -> Iterator[list[int]]:
+        """:meth:`buffer_indices` of each buffer of ``epoch`` from ``start_buffer``."""
+        buffers = -(-self.steps_per_epoch // buffer_steps)
+        for buffer in range(start_buffer, buffers):
+            yield self.buffer_indices(epoch, buffer, buffer_steps)
+
 
 def rank_slice(size: int, rank: int, world_size: int) -> tuple[int, int]:
     """``[lo, hi)``: rank ``rank``'s contiguous share of a step of ``size`` samples."""
@@ -139,21 +177,33 @@ def rank_slice(size: int, rank: int, world_size: int) -> tuple[int, int]:
 
 class _BatchSampler:
     """The DataLoader's batch sampler: one epoch from a position the StepLoader sets; with
-    ``whole_steps`` each step's indices of every rank (the collate picks this rank's)."""
+    ``whole_steps`` each step's indices of every rank (the collate picks this rank's); with
+    ``buffer_steps > 1`` each buffer's indices of every rank, from the buffer holding the
+    start step."""
 
-    def __init__(self, sampler: StepSampler, whole_steps: bool = False) -> None:
+    def __init__(
+        self, sampler: StepSampler, whole_steps: bool = False, buffer_steps: int = 1
+    ) -> None:
         self.sampler = sampler
         self.whole_steps = whole_steps
+        self.buffer_steps = buffer_steps
         self.epoch = 0
         self.start_step = 0
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.buffer_steps > 1:
+            start = self.start_step // self.buffer_steps
+            return self.sampler.iter_buffers(self.epoch, start, self.buffer_steps)
         if self.whole_steps:
             return self.sampler.iter_epoch(self.epoch, self.start_step, all_ranks=True)
         return self.sampler.iter_epoch(self.epoch, self.start_step)
 
     def __len__(self) -> int:
-        return max(0, self.sampler.steps_per_epoch - self.start_step)
+        steps = self.sampler.steps_per_epoch
+        if self.buffer_steps > 1:
+            k = self.buffer_steps
+            return max(0, -(-steps // k) - self.start_step // k)
+        return max(0, steps - self.start_step)
 
 
 class _Failed:
@@ -255,40 +305,58 @@ class _PackedStep:
 
 @attrs.frozen
 class RankShare:
-    """Balance a whole step's samples among the ranks by tokens and keep rank ``rank``'s
-    (token-budget batching): every rank prepares the step's ``global_batch_size`` samples and
-    computes the same :func:`~hyper_core.batching.token_budget.assign_to_ranks` plan."""
+    """Keep rank ``rank``'s share of a whole step: every rank prepares the step's
+    ``global_batch_size`` samples and computes the same plan, balanced by tokens
+    (:func:`~hyper_core.batching.token_budget.assign_to_ranks`, token-budget batching) or, with
+    ``by_tokens=False``, the contiguous slice (:func:`rank_slice`) it would have prepared alone."""
 
     rank: int
     world_size: int
+    by_tokens: bool = True
+
+
+#: One step as it leaves the collate: micro-batches, ``reason -> count`` skipped, usable samples.
+_Step = tuple[Any, dict[str, int], int]
 
 
 class _StepCollate:
     """Drops :class:`Skipped` markers, counts them, and calls the runtime's collate; with a
     :class:`RankShare`, first keeps this rank's share of the whole step (each rank counts the
-    skipped samples of its contiguous slice, so the counts add up over ranks)."""
+    skipped samples of its contiguous slice, so the counts add up over ranks). With a
+    ``planner`` the items are a whole buffer: it returns the list of the planner's steps."""
 
-    def __init__(self, collate: Collate, share: RankShare | None = None) -> None:
+    def __init__(
+        self, collate: Collate, share: RankShare | None = None, planner: StepPlanner | None = None
+    ) -> None:
         self.collate = collate
         self.share = share
+        self.planner = planner
 
     def __call__(
         self, items: Sequence[SampleFeatures | Skipped | _Failed]
-    ) -> tuple[list[MicroBatch], dict[str, int], int] | _Failed:
+    ) -> _Step | list[_Step] | _Failed:
+        for item in items:
+            if isinstance(item, _Failed):
+                return item
+        if self.planner is None:
+            return self._step(items)  # type: ignore[arg-type]
+        lengths = [None if isinstance(item, Skipped) else item.length for item in items]
+        groups = self.planner(lengths)  # type: ignore[arg-type]
+        return [self._step([items[i] for i in group]) for group in groups]  # type: ignore[misc]
+
+    def _step(self, items: Sequence[SampleFeatures | Skipped]) -> _Step:
         features: list[SampleFeatures] = []
         skipped: dict[str, int] = {}
         lo, hi = 0, len(items)
         if self.share is not None:
             lo, hi = rank_slice(len(items), self.share.rank, self.share.world_size)
         for position, item in enumerate(items):
-            if isinstance(item, _Failed):
-                return item
             if isinstance(item, Skipped):
                 if lo <= position < hi:
                     skipped[item.reason] = skipped.get(item.reason, 0) + 1
-            else:
+            elif self.share is None or self.share.by_tokens or lo <= position < hi:
                 features.append(item)
-        if self.share is not None:
+        if self.share is not None and self.share.by_tokens:
             shares = assign_to_ranks([f.length for f in features], self.share.world_size)
             features = [features[i] for i in shares[self.share.rank]]
         micro_batches: Any = self.collate(features) if features else []
@@ -319,6 +387,20 @@ def _unpack(item: Any) -> tuple[list[MicroBatch], dict[str, int], int]:
     return micro_batches, skipped, n
 
 
+def _worker_init(worker_id: int) -> None:
+    """Workers leave group signals to the main process: ``timeout`` and a terminal's Ctrl-C
+    signal the whole process group, and a worker killed by them would fail the step the
+    trainer is finishing before it saves. So a worker moves to a process group of its own
+    (and ignores SIGINT). A SIGTERM sent to the worker itself still ends it: the loader's
+    shutdown and multiprocessing's exit handler rely on that. A worker whose parent dies
+    exits by itself (the DataLoader's watchdog)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted here (e.g. a session leader): keep the parent's group
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _default_context(num_workers: int) -> Any:
     if num_workers > 0 and "fork" in multiprocessing.get_all_start_methods():
         return "fork"
@@ -347,7 +429,12 @@ class StepLoader:
         timeout: float = 0,
         pin_memory: bool = False,
         balance_ranks: bool = False,
+        buffer_steps: int = 1,
     ) -> None:
+        if buffer_steps < 1:
+            raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
+        if buffer_steps > 1 and not sampler.drop_last:
+            raise ValueError("a look-ahead buffer needs whole steps (a drop_last sampler)")
         self.dataset = dataset
         self.collate = collate
         self.sampler = sampler
@@ -361,10 +448,12 @@ class StepLoader:
         #: Training steps are shared among the ranks by tokens (:class:`RankShare`), not as
         #: contiguous slices; evaluation (:meth:`iter_epoch_once`) keeps the slices.
         self.balance_ranks = balance_ranks
+        #: Training steps are regrouped within this many steps (``[data] buffer_size``).
+        self.buffer_steps = buffer_steps
         self._epoch = 0
         self._step = 0
         self._generation = 0
-        self._batch_sampler = _BatchSampler(sampler, whole_steps=balance_ranks)
+        self._batch_sampler = _BatchSampler(sampler, balance_ranks, buffer_steps)
         self._loader: torch.utils.data.DataLoader | None = None
         self._enough_data = False
 
@@ -410,7 +499,11 @@ class StepLoader:
     # -- iteration ------------------------------------------------------------------------
 
     def _make_loader(
-        self, batch_sampler: Any, persistent: bool, share: RankShare | None = None
+        self,
+        batch_sampler: Any,
+        persistent: bool,
+        share: RankShare | None = None,
+        planner: StepPlanner | None = None,
     ) -> torch.utils.data.DataLoader:
         kwargs: dict[str, Any] = {}
         if self.num_workers > 0:
@@ -420,11 +513,12 @@ class StepLoader:
                 persistent_workers=persistent,
                 multiprocessing_context=self.multiprocessing_context,
                 timeout=self.timeout,
+                worker_init_fn=_worker_init,
             )
         return torch.utils.data.DataLoader(
             _CarryDataErrors(self.dataset),
             batch_sampler=batch_sampler,
-            collate_fn=_StepCollate(self.collate, share),
+            collate_fn=_StepCollate(self.collate, share, planner),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             # A private generator: creating an iterator must not consume the global torch RNG.
@@ -461,9 +555,12 @@ class StepLoader:
             return
         if self._loader is None:
             share = None
-            if self.balance_ranks:
-                share = RankShare(self.sampler.rank, self.sampler.world_size)
-            self._loader = self._make_loader(self._batch_sampler, self.persistent_workers, share)
+            if self.balance_ranks or self.buffer_steps > 1:
+                share = RankShare(self.sampler.rank, self.sampler.world_size, self.balance_ranks)
+            planner = self.step_planner() if self.buffer_steps > 1 else None
+            self._loader = self._make_loader(
+                self._batch_sampler, self.persistent_workers, share, planner
+            )
         seen_usable = False
         while True:
             generation = self._generation
@@ -475,7 +572,7 @@ class StepLoader:
             interrupted = False
             epoch_usable = 0
             last_step = self.steps_per_epoch - 1
-            for step, item in enumerate(self._loader, start):
+            for step, item in self._steps(epoch, start):
                 if self._generation != generation:
                     interrupted = True
                     break
@@ -500,6 +597,35 @@ class StepLoader:
                     break
             if not interrupted:
                 self._epoch, self._step = epoch + 1, 0
+
+    def step_planner(self) -> StepPlanner:
+        """How a buffer is regrouped into steps: with a token-budget collate and steps shared
+        by tokens, planned for that budget; by length otherwise."""
+        g = self.sampler.global_batch_size
+        if self.balance_ranks and isinstance(self.collate, TokenBudgetCollate):
+            return StepPlanner(
+                g,
+                self.sampler.world_size,
+                self.collate.max_tokens,
+                self.collate.runtime.options.micro_batch_size,
+            )
+        return StepPlanner(g)
+
+    def _steps(self, epoch: int, start: int) -> Iterator[tuple[int, Any]]:
+        """``(step, collated step)`` from ``start``; with a buffer, each buffer's steps in
+        :meth:`StepSampler.step_order`, those before ``start`` (a resume) prepared and dropped."""
+        assert self._loader is not None
+        k = self.buffer_steps
+        if k == 1:
+            yield from enumerate(self._loader, start)
+            return
+        for buffer, item in enumerate(self._loader, start // k):
+            if isinstance(item, _Failed):
+                yield max(start, buffer * k), item
+                return
+            for offset, group in enumerate(self.sampler.step_order(epoch, buffer, len(item))):
+                if buffer * k + offset >= start:
+                    yield buffer * k + offset, item[group]
 
     def iter_epoch_once(self) -> Iterator[StepBatch]:
         """One pass in dataset order, the last partial step kept (for evaluation).

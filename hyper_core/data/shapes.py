@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,19 @@ def _draw(rng: random.Random, size: int) -> tuple[Any, str, str]:
     x0, y0 = rng.randint(0, size - side), rng.randint(0, size - side)
     x1, y1 = x0 + side - 1, y0 + side - 1
     img = Image.new("RGB", (size, size), background)
-    draw = ImageDraw.Draw(img)
+    draw_shape(ImageDraw.Draw(img), shape, (x0, y0, x1, y1), fill)
+    return img, colour, shape
+
+
+def draw_shape(draw: Any, shape: str, box: tuple[int, int, int, int], fill: Any) -> None:
+    """Draw ``shape`` (one of :data:`SHAPES`) filling ``box`` (``x0, y0, x1, y1``)."""
+    x0, y0, x1, y1 = box
     if shape == "circle":
-        draw.ellipse((x0, y0, x1, y1), fill=fill)
+        draw.ellipse(box, fill=fill)
     elif shape == "square":
-        draw.rectangle((x0, y0, x1, y1), fill=fill)
+        draw.rectangle(box, fill=fill)
     else:
         draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=fill)
-    return img, colour, shape
 
 
 def generate_shapes(
@@ -192,11 +197,8 @@ def ensure_shapes(
     question_mix: Sequence[float] = (1, 2, 2),
     root: str | Path | None = None,
 ) -> Path:
-    """The ``data.jsonl`` of the cached data set, generating it first if needed.
-
-    Safe under concurrency: one process generates (lock file), others wait and reuse it; the
-    folder appears only complete (temporary folder + atomic rename).
-    """
+    """The ``data.jsonl`` of the cached data set, generating it first if needed
+    (:func:`cached_data_set`)."""
     base = Path(root) if root is not None else cache_root() / "shapes"
     name = shapes_dir_name(
         num_samples=num_samples,
@@ -205,6 +207,26 @@ def ensure_shapes(
         split=split,
         question_mix=question_mix,
     )
+    return cached_data_set(
+        base,
+        name,
+        lambda tmp: generate_shapes(
+            tmp,
+            num_samples=num_samples,
+            image_size=image_size,
+            seed=seed,
+            question_mix=question_mix,
+            split=split,
+        ),
+    )
+
+
+def cached_data_set(base: Path, name: str, generate: Callable[[Path], Any]) -> Path:
+    """``base/name/data.jsonl``, written first by ``generate(folder)`` if it is not there.
+
+    Safe under concurrency: one process generates (lock file), others wait and reuse it; the
+    folder appears only complete (temporary folder + atomic rename).
+    """
     final = base / name
     if (final / DATA_FILE).is_file():
         return final / DATA_FILE
@@ -214,14 +236,7 @@ def ensure_shapes(
             return final / DATA_FILE
         tmp = base / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            generate_shapes(
-                tmp,
-                num_samples=num_samples,
-                image_size=image_size,
-                seed=seed,
-                question_mix=question_mix,
-                split=split,
-            )
+            generate(tmp)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -308,19 +323,33 @@ def load_shapes_format(
     given, is the cache folder to use instead of the default (relative to ``base_dir``).
     ``where`` is the config path for error messages (default ``$.data.<split>``).
     """
+    return load_generated(load_shapes_format, ensure_shapes, path, options, base_dir, where)
+
+
+def load_generated(
+    loader: Callable[..., list[RawSample]],
+    ensure: Callable[..., Path],
+    path: str | None,
+    options: Any,
+    base_dir: str | Path | None,
+    where: str | None,
+) -> list[RawSample]:
+    """A generated format's samples: ``options`` validated into ``loader.options`` (a dict's
+    errors at ``where``, default ``$.data.<split>``), the data set made by ``ensure`` (in the
+    cache, or the folder ``path`` relative to ``base_dir``)."""
     from ..config.loader import format_options
 
-    if not isinstance(options, ShapesOptions):
+    if not isinstance(options, loader.options):  # type: ignore[attr-defined]
         options = dict(options or {})
         split = options.get("split", "train")
         where = where or f"$.data.{split if isinstance(split, str) else 'train'}"
-        options = format_options(load_shapes_format, options, where)
+        options = format_options(loader, options, where)
     root: Path | None = None
     if path:
         root = Path(path)
         if not root.is_absolute() and base_dir is not None:
             root = Path(base_dir) / root
-    return read_jsonl(ensure_shapes(root=root, **options.generator_args()))
+    return read_jsonl(ensure(root=root, **options.generator_args()))
 
 
 load_shapes_format.options = ShapesOptions  # type: ignore[attr-defined]

@@ -1,8 +1,10 @@
-"""Data preflight: token, image and padding statistics of transformed samples (``data stats``).
+"""Data preflight: token, image, video and padding statistics of transformed samples
+(``data stats``).
 
 The computation here is pure: it takes per-sample counts and the batch sizes, and predicts the
 padding the way the batching runtimes lay out micro-batches. Samples are taken in the order
-read (a run shuffles them, so a run's padding differs by the luck of the draw).
+read (a run shuffles them, so a run's padding differs by the luck of the draw). With ``[data]
+buffer_size`` the prediction is made twice, without and with the buffer's length grouping.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from typing import Any
 import attrs
 
 from ..batching.padded import round_up
-from ..batching.token_budget import assign_to_ranks, check_token_budget, pack_by_tokens
+from ..batching.token_budget import (
+    StepPlanner,
+    assign_to_ranks,
+    check_token_budget,
+    pack_by_tokens,
+)
 
 #: How many ``file:line`` are kept per bad-sample reason.
 MAX_WHERE = 3
@@ -25,12 +32,15 @@ HISTOGRAM_WIDTH = 30
 
 @attrs.frozen
 class SampleCounts:
-    """What one transformed sample holds: tokens, of them image and loss tokens, and images."""
+    """What one transformed sample holds: tokens, of them image, loss and video tokens, images
+    and videos."""
 
     tokens: int
     image_tokens: int
     loss_tokens: int
     images: int
+    video_tokens: int = 0
+    videos: int = 0
 
 
 @attrs.frozen
@@ -87,6 +97,8 @@ class Batching:
     pad_to_multiple_of: int = 1
     #: ``[data] max_tokens_per_micro_batch``: micro-batches of up to this many tokens.
     max_tokens: int | None = None
+    #: ``[data] buffer_size``: steps regrouped by length within this many steps.
+    buffer_steps: int = 1
 
     @property
     def accumulation(self) -> int:
@@ -194,6 +206,96 @@ class TokenBudget:
         ]
 
 
+def buffered_order(lengths: Sequence[int | None], batching: Batching) -> list[int | None]:
+    """``lengths`` laid out as a run with ``buffer_steps`` steps of look-ahead lays out its
+    steps: the whole steps of each buffer regrouped as the loader regroups them (see
+    :class:`~hyper_core.batching.token_budget.StepPlanner`), a partial last step as read. The
+    steps keep the planner's order; the counts predicted do not depend on it."""
+    g, k = batching.global_batch_size, batching.buffer_steps
+    planner = StepPlanner(g)
+    if batching.max_tokens is not None:
+        planner = StepPlanner(
+            g, batching.world_size, batching.max_tokens, batching.micro_batch_size
+        )
+    whole = len(lengths) // g * g
+    out: list[int | None] = []
+    for begin in range(0, whole, g * k):
+        buffer = lengths[begin : min(begin + g * k, whole)]
+        for group in planner(buffer):
+            out.extend(buffer[i] for i in group)
+    out.extend(lengths[whole:])
+    return out
+
+
+@attrs.frozen
+class BufferEffect:
+    """What ``[data] buffer_size`` steps of look-ahead change, next to the same without: the
+    padding of fixed-size micro-batches (steps grouped by length) or, with a token budget, its
+    micro-batches (steps planned for the budget)."""
+
+    buffer_steps: int
+    #: Without a budget: padding with and without the buffer.
+    padding: dict[str, Padding] | None
+    unbuffered: dict[str, Padding] | None
+    #: With a budget: the micro-batches with and without the buffer.
+    token_budget: TokenBudget | None
+    unbuffered_budget: TokenBudget | None
+
+    @classmethod
+    def of(cls, lengths: Sequence[int | None], batching: Batching) -> BufferEffect:
+        """The prediction for the samples read, regrouped as a run regroups them."""
+        grouped = buffered_order(lengths, batching)
+        if batching.max_tokens is None:
+            padding = predict_padding(grouped, batching), predict_padding(lengths, batching)
+            return cls(batching.buffer_steps, *padding, None, None)
+        budget = TokenBudget.of(grouped, batching), TokenBudget.of(lengths, batching)
+        return cls(batching.buffer_steps, None, None, *budget)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain numbers (those with the buffer)."""
+        padding = None
+        if self.padding is not None:
+            padding = {
+                k: {**attrs.asdict(v), "ratio": round(v.ratio, 6)} for k, v in self.padding.items()
+            }
+        return {
+            "buffer_size": self.buffer_steps,
+            "padding": padding,
+            "token_budget": None if self.token_budget is None else self.token_budget.to_json(),
+        }
+
+    def render(self) -> list[str]:
+        """The report's lines."""
+        k = self.buffer_steps
+        if self.token_budget is not None and self.unbuffered_budget is not None:
+            with_, without = self.token_budget, self.unbuffered_budget
+            t, c = with_.tokens, with_.per_rank_step
+            return [
+                f"buffer_size {k} (steps planned for the token budget within {k} steps), "
+                "in the order read:",
+                f"  {plural(with_.micro_batches, 'micro-batch')} (without the buffer "
+                f"{without.micro_batches}); tokens per micro-batch min {t.min}, "
+                f"median {t.median}, max {t.max}",
+                f"  {with_.micro_batches + with_.repeats} forwards with "
+                f"{plural(with_.repeats, 'lockstep repeat')} (without the buffer "
+                f"{without.micro_batches + without.repeats} with {without.repeats}); "
+                f"micro-batches per step on one rank: min {c.min}, median {c.median}, max {c.max}",
+                f"  tokens per rank per step: max/mean {with_.imbalance:.3f} (without the buffer "
+                f"{without.imbalance:.3f})",
+            ]
+        assert self.padding is not None and self.unbuffered is not None
+        lines = [
+            f"buffer_size {k} (steps regrouped by length within {k} steps), in the order read:"
+        ]
+        for name, p in self.padding.items():
+            lines.append(
+                f"  {name:<7} {p.padding} padding of {p.tokens + p.padding} positions "
+                f"({100 * p.ratio:.1f}%, without the buffer "
+                f"{100 * self.unbuffered[name].ratio:.1f}%)"
+            )
+        return lines
+
+
 def predict_padding(lengths: Sequence[int | None], batching: Batching) -> dict[str, Padding]:
     """Padding of the ``padded`` runtime (each micro-batch right-padded to its longest sample,
     rounded up to ``pad_to_multiple_of``) and of ``packed`` (one row, its total rounded up);
@@ -250,13 +352,15 @@ class DataStats:
         return dict(sorted(out.items(), key=lambda kv: (-kv[1]["count"], kv[0])))
 
     def summaries(self) -> dict[str, Summary]:
-        """Per-sample tokens, image tokens, loss tokens and images."""
+        """Per-sample tokens, image tokens, loss tokens, images, video tokens and videos."""
         s = self.samples
         return {
             "tokens": Summary.of([c.tokens for c in s]),
             "image_tokens": Summary.of([c.image_tokens for c in s]),
             "loss_tokens": Summary.of([c.loss_tokens for c in s]),
             "images": Summary.of([c.images for c in s]),
+            "video_tokens": Summary.of([c.video_tokens for c in s]),
+            "videos": Summary.of([c.videos for c in s]),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -281,6 +385,7 @@ class DataStats:
             "token_budget": (
                 None if b.max_tokens is None else TokenBudget.of(self.lengths, b).to_json()
             ),
+            "buffer": (None if b.buffer_steps == 1 else BufferEffect.of(self.lengths, b).to_json()),
             "steps_per_epoch": self.steps_per_epoch,
         }
 
@@ -295,7 +400,10 @@ class DataStats:
             more = ", ..." if entry["count"] > len(entry["first"]) else ""
             lines.append(f"  {reason}: {entry['count']} ({', '.join(entry['first'])}{more})")
         lines.append("per sample        min  median     p90     max     total")
+        has_videos = any(c.videos for c in self.samples)
         for name, s in self.summaries().items():
+            if name.startswith("video") and not has_videos:  # text and image data: no rows
+                continue
             lines.append(f"  {name:<14}{s.min:>5}{s.median:>8}{s.p90:>8}{s.max:>8}{s.total:>10}")
         bins = histogram([c.tokens for c in self.samples])
         if bins:
@@ -327,20 +435,27 @@ class DataStats:
                 f"{b.world_size} rank(s), micro-batches of up to {b.max_tokens} tokens and "
                 f"{b.micro_batch_size} samples; {epoch}"
             )
+        if b.buffer_steps > 1:
+            lines.extend(BufferEffect.of(self.lengths, b).render())
         return "\n".join(lines)
 
 
-def sample_counts(features: Any, image_token_id: int | None) -> SampleCounts:
-    """The counts of one :class:`~hyper_core.batching.types.SampleFeatures`; image tokens are
-    the positions holding ``image_token_id`` (0 without one)."""
-    image_tokens = 0
-    if image_token_id is not None:
-        image_tokens = int((features.input_ids == image_token_id).sum())
+def sample_counts(
+    features: Any, image_token_id: int | None, video_token_id: int | None = None
+) -> SampleCounts:
+    """The counts of one :class:`~hyper_core.batching.types.SampleFeatures`; image (video)
+    tokens are the positions holding ``image_token_id`` (``video_token_id``), 0 without one."""
+
+    def count(token_id: int | None) -> int:
+        return 0 if token_id is None else int((features.input_ids == token_id).sum())
+
     return SampleCounts(
         tokens=features.length,
-        image_tokens=image_tokens,
+        image_tokens=count(image_token_id),
         loss_tokens=features.num_loss_tokens,
         images=int(features.num_images),
+        video_tokens=count(video_token_id),
+        videos=int(features.num_videos),
     )
 
 
@@ -351,6 +466,7 @@ def collect_stats(
     batching: Batching,
     runtime: str,
     image_token_id: int | None = None,
+    video_token_id: int | None = None,
 ) -> DataStats:
     """Read the first ``limit`` (None: all) items of a ``TransformedDataset`` and count them."""
     from .dataset import Skipped
@@ -366,7 +482,7 @@ def collect_stats(
             bad.append(BadSample(item.reason, item.where()))
             lengths.append(None)
         else:
-            counts = sample_counts(item, image_token_id)
+            counts = sample_counts(item, image_token_id, video_token_id)
             samples.append(counts)
             lengths.append(counts.tokens)
     return DataStats(
@@ -407,12 +523,14 @@ def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1
         world_size=world_size,
         pad_to_multiple_of=runtime.options.pad_to_multiple_of,
         max_tokens=config.data.max_tokens_per_micro_batch,
+        buffer_steps=config.data.buffer_size,
     )
-    image_token_id = getattr(getattr(assets, "processor", None), "image_token_id", None)
+    processor = getattr(assets, "processor", None)
     return collect_stats(
         datasets.train,
         limit=limit,
         batching=batching,
         runtime=runtime.name,
-        image_token_id=image_token_id,
+        image_token_id=getattr(processor, "image_token_id", None),
+        video_token_id=getattr(processor, "video_token_id", None),
     )

@@ -28,8 +28,10 @@ class ParallelStrategy:
     (:mod:`hyper_core.parallel.hf_load`); no process holds the full model.
 
     Gradient scale: the trainer's loss is this rank's token-loss sum over the *global* number
-    of loss tokens, and it multiplies it by ``dp_size`` before ``backward``, so a strategy must
-    *average* gradients over the data-parallel ranks (what DDP and FSDP2 do by default).
+    of loss tokens, and it multiplies it by the world size before ``backward``, so a strategy
+    must *average* gradients over all ranks (what DDP and FSDP2 do by default; with
+    ``[parallel] cp`` a rank's loss is a partial sum of its group's rows, so the average over
+    every rank is still right).
     """
 
     name: ClassVar[str] = ""

@@ -20,7 +20,8 @@ class DistEnv:
     world_size: int = 1
     device: Any = None  # torch.device
     backend: str | None = None
-    #: DeviceMesh with dims ("dp_replicate", "dp_shard"), or None for one process.
+    #: DeviceMesh with dims ("dp_replicate", "dp_shard"), or None for one process. FSDP2
+    #: shards over "dp_shard" (which includes the ``cp`` ranks).
     mesh: Any = None
     dp_replicate: int = 1
     dp_shard: int = 1
@@ -32,6 +33,12 @@ class DistEnv:
     #: holding the same experts. :attr:`mesh` stays the data-parallel mesh of the other weights.
     ep_mesh: Any = None
     expert_mesh: Any = None
+    #: Context-parallel degree (``[parallel] cp``): consecutive groups of ``cp`` ranks split
+    #: each packed row's tokens (:mod:`hyper_core.parallel.context_parallel`) and read the
+    #: same data; :attr:`mesh`'s "dp_shard" dim then spans ``dp_shard × cp`` ranks.
+    cp: int = 1
+    #: With ``cp > 1``: the 1-D mesh of this rank's context-parallel group ("cp").
+    cp_mesh: Any = None
     #: Set by the trainer when the strategy materialises the model from rank 0: rank 0 builds
     #: it in full on the CPU, the other ranks on the meta device (see ``parallel.materialize``).
     meta_init: bool = False
@@ -54,8 +61,27 @@ class DistEnv:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel degree (every rank is a data-parallel rank)."""
-        return self.world_size
+        """Data-parallel degree: the number of different data shards (the ``cp`` ranks of a
+        group read the same one)."""
+        return self.world_size // self.cp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data shard (its context-parallel group's index)."""
+        return self.rank // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's place in its context-parallel group."""
+        return self.rank % self.cp
+
+    def data_view(self) -> DistEnv:
+        """This environment as the data sees it: one rank per data shard (``rank =
+        dp_rank``, ``world_size = dp_size``), for sharding samples only, never for
+        collectives. ``self`` when every rank reads its own shard (``cp == 1``)."""
+        if self.cp == 1:
+            return self
+        return attrs.evolve(self, rank=self.dp_rank, world_size=self.dp_size, cp=1, cp_mesh=None)
 
     def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over all ranks (in place; identity for one process)."""
@@ -75,13 +101,26 @@ class DistEnv:
         return value
 
     def max_int(self, value: int) -> int:
-        """The largest of every rank's ``value`` (a collective when distributed)."""
+        """The largest of every rank's ``value`` (a collective when distributed).
+
+        Host values go through a CPU tensor, so the CPU backend carries them (gloo: an NCCL
+        job's process group is ``cuda:nccl,cpu:gloo``) and the host never waits for the
+        device's queue to drain, as ``.item()`` on a device tensor would."""
         if self.world_size == 1:
             return value
         import torch
 
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        t = torch.tensor([value], dtype=torch.int64)
         return int(self.all_reduce_max(t).item())
+
+    def sum_float(self, value: float) -> float:
+        """The sum of every rank's ``value``, on the host like :meth:`max_int`."""
+        if self.world_size == 1:
+            return value
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64)
+        return float(self.all_reduce_sum(t).item())
 
     def any_true(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a collective when distributed)."""

@@ -8,8 +8,10 @@ holds the full weights: every rank builds on meta and, after sharding, reads its
 of the checkpoint (:mod:`hyper_core.parallel.hf_load`).
 
 Gradients: FSDP2 divides the reduce-scattered (and, under HSDP, all-reduced) gradients by the
-data-parallel world size, i.e. it averages, which the trainer's ``× dp_size`` loss scale turns
-into the sum the global-token normalisation needs.
+world size of its mesh, i.e. it averages, which the trainer's ``× world_size`` loss scale turns
+into the sum the global-token normalisation needs (with ``[parallel] cp`` the mesh includes
+the context-parallel ranks, whose partial losses must add up too:
+:mod:`hyper_core.parallel.context_parallel`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class FSDP2(ParallelStrategy):
             from .expert_parallel import shard_experts
 
             shard_experts(model, list(plan.moe_blocks), dist, mp)
+        if dist.cp > 1:
+            from .context_parallel import install_context_parallel
+
+            install_context_parallel(model, dist)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)

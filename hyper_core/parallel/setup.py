@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 from ..errors import ConfigError
+from .context_parallel import context_parallel_problem
 from .env import DistEnv, torchrun_env
 
 
@@ -33,7 +34,8 @@ def use_tf32(enabled: bool) -> None:
 
 
 def init_distributed(config: Any) -> DistEnv:
-    """Join the torchrun job (if any) and build the ``dp_replicate × dp_shard`` mesh."""
+    """Join the torchrun job (if any) and build the ``dp_replicate × dp_shard`` mesh (with
+    ``[parallel] cp``, "dp_shard" spans ``dp_shard × cp`` ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -41,6 +43,11 @@ def init_distributed(config: Any) -> DistEnv:
     env = torchrun_env()
     cuda = torch.cuda.is_available()
     if env is None or env["world_size"] == 1:
+        if config.parallel.cp > 1:
+            cp = config.parallel.cp
+            raise ConfigError(
+                [("$.parallel.cp", f"{cp} needs {cp} ranks or a multiple (torchrun), got 1")]
+            )
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
@@ -60,22 +67,30 @@ def init_distributed(config: Any) -> DistEnv:
             timeout=datetime.timedelta(seconds=par.timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
-    replicate = par.dp_replicate
-    shard = par.dp_shard if par.dp_shard != -1 else world // replicate
-    if replicate * shard != world:
+    replicate, cp = par.dp_replicate, par.cp
+    problem = context_parallel_problem(config)
+    if problem is not None:
+        raise ConfigError([problem])
+    shard = par.dp_shard if par.dp_shard != -1 else world // (replicate * cp)
+    if replicate * shard * cp != world:
         raise ConfigError(
             [
                 (
-                    "$.parallel",
-                    f"dp_replicate ({replicate}) × dp_shard ({shard}) must equal the "
-                    f"world size ({world})",
+                    "$.parallel.cp" if cp > 1 else "$.parallel",
+                    f"dp_replicate ({replicate}) × dp_shard ({shard})"
+                    + (f" × cp ({cp})" if cp > 1 else "")
+                    + f" must equal the world size ({world})",
                 )
             ]
         )
     if shard % par.ep:
         raise ConfigError([("$.parallel.ep", f"{par.ep} does not divide dp_shard ({shard})")])
+    cp_mesh = None
     if par.ep > 1:
         mesh, ep_mesh, expert_mesh = expert_parallel_meshes(device.type, replicate, shard, par.ep)
+    elif cp > 1:
+        mesh, cp_mesh = context_parallel_meshes(device.type, replicate, shard, cp)
+        ep_mesh = expert_mesh = None
     else:
         mesh, ep_mesh, expert_mesh = data_parallel_mesh(device.type, replicate, shard), None, None
     return DistEnv(
@@ -90,6 +105,8 @@ def init_distributed(config: Any) -> DistEnv:
         ep=par.ep,
         ep_mesh=ep_mesh,
         expert_mesh=expert_mesh,
+        cp=cp,
+        cp_mesh=cp_mesh,
     )
 
 
@@ -114,3 +131,13 @@ def expert_parallel_meshes(device_type: str, replicate: int, shard: int, ep: int
     if replicate > 1:
         return mesh, experts["ep"], experts["dp_replicate", "efsdp"]
     return mesh, experts["ep"], experts["efsdp"]
+
+
+def context_parallel_meshes(device_type: str, replicate: int, shard: int, cp: int) -> tuple:
+    """``(data-parallel mesh, cp mesh)``: FSDP2 shards over "dp_shard" = ``dp_shard × cp``
+    ranks (like torchtitan's flattened ``dp_shard_cp``: the ranks of a cp group hold
+    different shards of the weights and split the same rows), and the cp groups are its
+    consecutive runs of ``cp`` ranks (one node when ``cp`` ≤ GPUs per node), the "cp" dim of
+    "dp_shard" unflattened into ``(dp, cp)``."""
+    mesh = data_parallel_mesh(device_type, replicate, shard * cp)
+    return mesh, mesh._unflatten("dp_shard", (shard, cp), ("dp", "cp"))["cp"]

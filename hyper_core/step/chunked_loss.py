@@ -107,7 +107,11 @@ def _chunked_cross_entropy_class() -> type:
                     grad_weight.addmm_(grad.t(), part)  # no (vocab × hidden) temporary
                 else:
                     with context():
-                        grad_weight += (grad.t() @ part.to(grad.dtype)).float()
+                        product = grad.t() @ part.to(grad.dtype)
+                    # The fp32 add reads the half-precision product as it goes: one
+                    # (vocab × hidden) temporary, not also its fp32 copy.
+                    grad_weight.add_(product)
+                    del product
                 if grad_bias is not None:
                     grad_bias += grad.float().sum(0)
                 del logits, logits32, grad

@@ -24,6 +24,7 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
+    from ..data.conversation import Part
     from ..parallel.env import DistEnv
     from ..step.lockstep import Lockstep
     from .metrics import MetricsWriter
@@ -114,7 +115,7 @@ class DefaultEvaluator:
         """
         if n <= 0:
             return []
-        from ..data.conversation import ImagePart, parse_conversation
+        from ..data.conversation import parse_conversation
         from ..data.errors import SampleError
         from ..inference import GenerationSettings, decode, generate_answer_ids
 
@@ -141,9 +142,20 @@ class DefaultEvaluator:
                 )
             turn = next((m for m in reversed(conversation.messages) if m.role == "user"), None)
             parts = turn.parts if turn is not None else []
-            text = "".join("<image>" if isinstance(p, ImagePart) else p.text for p in parts)
+            text = "".join(_prompt_text(p) for p in parts)
             out.append({"prompt": text, "reference": reference, "answer": decode(self.assets, ids)})
         return out
+
+
+def _prompt_text(part: Part) -> str:
+    """A logged prompt's text of one content part: ``<image>``/``<video>`` for media."""
+    from ..data.conversation import ImagePart, VideoPart
+
+    if isinstance(part, ImagePart):
+        return "<image>"
+    if isinstance(part, VideoPart):
+        return "<video>"
+    return part.text
 
 
 @attrs.define
@@ -210,7 +222,8 @@ class _Stats:
 
             everyone: list[Any] = [None] * dist.world_size
             tdist.all_gather_object(everyone, mine)
-            gathered = everyone
+            # The ranks of a [parallel] cp group evaluate the same rows: count each group once.
+            gathered = everyone[:: dist.cp]
         total_tokens = sum(s[1] for s in gathered)
         merged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for s in gathered:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
+from ..parallel.context_parallel import split_micro_batch
 from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
 from ..step.grad_norm import clip_grads, total_grad_norm
 from ..step.label_positions import keep_label_positions, supports_label_positions
@@ -155,7 +156,7 @@ class Trainer:
             config=cfg,
             datasets=self.datasets,
             collate_fn=self.collate_fn,
-            dist=self.dist,
+            dist=self.dist.data_view(),  # the ranks of a [parallel] cp group read the same rows
         )
         self.get_batch = self._stage(
             "build_get_batch", config=cfg, runtime=self.runtime, dist=self.dist
@@ -367,13 +368,12 @@ class Trainer:
         self.host.fire("on_step_begin", trainer=self, state=self.state, micro_batches=micro_batches)
         dist = self.dist
         schedule = self.lockstep.schedule(micro_batches)
-        counts = torch.tensor(
-            [sum(mb.num_loss_tokens for mb in micro_batches)],
-            dtype=torch.float64,
-            device=dist.device if dist.world_size > 1 else None,
-        )
-        global_loss_tokens = max(float(dist.all_reduce_sum(counts)[0].item()), 1.0)
-        grad_scale = float(dist.dp_size) if dist.world_size > 1 else 1.0
+        # Host counts summed on the host (no wait for the device). The cp ranks of a group
+        # count the same rows' tokens; FSDP2 averages gradients over every rank of its mesh,
+        # and each rank's loss is a partial sum: × world size.
+        local_loss_tokens = float(sum(mb.num_loss_tokens for mb in micro_batches))
+        global_loss_tokens = max(dist.sum_float(local_loss_tokens) / dist.cp, 1.0)
+        grad_scale = float(dist.world_size)
         model = self.model
         model.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=dist.device)
@@ -421,12 +421,13 @@ class Trainer:
         n_tokens = sum(mb.num_tokens for mb in micro_batches)
         self.state.samples_seen += n_samples
         self.state.tokens_seen += n_tokens
+        once = dist.cp_rank == 0  # the ranks of a [parallel] cp group share their rows
         stats = {
-            "tokens": n_tokens,
-            "padding": sum(mb.num_padding for mb in micro_batches),
+            "tokens": n_tokens if once else 0,
+            "padding": sum(mb.num_padding for mb in micro_batches) if once else 0,
             "samples": n_samples,
             "loss_tokens": global_loss_tokens,
-            "flops": self._flops(micro_batches),
+            "flops": self._flops(micro_batches) if once else 0.0,
         }
         loss_dict = {k: float(v) for k, v in loss_parts.items()}
         return loss_value, loss_dict, grad_norm, stats
@@ -437,6 +438,8 @@ class Trainer:
         """One micro-batch's forward and loss (``loss_fn``, or the chunked cross-entropy when
         its label tokens exceed ``[training] loss_chunk_tokens``); the device batch is
         released on return."""
+        if self.dist.cp > 1:
+            mb = split_micro_batch(mb, self.dist)  # this rank's labels of [parallel] cp
         model_inputs, loss_inputs = self.device_batch(mb)
         chunk = self.loss_chunk_tokens
         if chunk is None or mb.num_loss_tokens <= chunk:

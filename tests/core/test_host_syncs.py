@@ -2,9 +2,10 @@
 called from ``hyper_core`` (on CPU every tensor is on the host, so the calls are counted where
 a CUDA run would wait).
 
-* a training step: 2. One for the step's global count of loss tokens (the loss divides by it
-  before backward); one for the loss summed over ranks, the ranks' non-finite-norm count and
-  the gradient norm together (whether to apply the update, and ``on_step_end``'s values).
+* a training step: 1, for the loss summed over ranks, the ranks' non-finite-norm count and
+  the gradient norm together (whether to apply the update, and ``on_step_end``'s values). The
+  step's global count of loss tokens is host arithmetic: the ranks sum host values over the
+  CPU backend (``DistEnv.sum_float``; tested in ``test_dist_env_host.py``).
 * an evaluation: 2 in all, whatever the number of micro-batches and samples (the sums and the
   per-sample exact-match flags come to the host once, at the end).
 """
@@ -62,11 +63,11 @@ class _PerStep:
         self.syncs.on = False
 
 
-def test_a_training_step_syncs_twice(tmp_path: Path, syncs: _Syncs) -> None:
+def test_a_training_step_syncs_once(tmp_path: Path, syncs: _Syncs) -> None:
     recorder = _PerStep(syncs)
     cfg = tiny_text_config(tmp_path, training={"global_batch_size": 8, "micro_batch_size": 2})
     run_tiny_training(cfg, steps=3, plugins=[recorder])
-    assert recorder.per_step == [2, 2, 2]
+    assert recorder.per_step == [1, 1, 1]
 
 
 def test_an_evaluation_syncs_twice(tmp_path: Path, syncs: _Syncs) -> None:

@@ -3,6 +3,7 @@ naming it; SIGTERM saves a checkpoint, exits 0, and the run resumes from it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -37,10 +38,16 @@ def test_a_rank_raising_in_step_3_fails_the_job_and_is_named(tmp_path: Path) -> 
     assert "step 3/10" not in err
 
 
-def sigterm_after(cmd: list[str], out: Path, steps: int) -> tuple[int, str]:
-    """Run ``cmd``, SIGTERM it once ``out`` logged ``steps`` steps; ``(returncode, stderr)``."""
+def sigterm_after(cmd: list[str], out: Path, steps: int, *, group: bool = False) -> tuple[int, str]:
+    """Run ``cmd``, SIGTERM it once ``out`` logged ``steps`` steps; ``(returncode, stderr)``.
+    ``group``: signal its whole process group, as ``timeout``, a terminal or a scheduler do."""
     proc = subprocess.Popen(
-        cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=group,
     )
     try:
         deadline = time.monotonic() + 90
@@ -49,7 +56,10 @@ def sigterm_after(cmd: list[str], out: Path, steps: int) -> tuple[int, str]:
             assert proc.poll() is None, proc.communicate()[1][-4000:]
             assert time.monotonic() < deadline, f"the run logged no {steps} steps in 90 s"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -90,12 +100,17 @@ def test_sigterm_to_the_launcher_saves_exits_zero_and_resumes(tmp_path: Path) ->
 
 
 def test_sigterm_to_a_single_process_run_saves_and_exits_zero(tmp_path: Path) -> None:
+    """SIGTERM to the process group, data workers included (``timeout``, a scheduler): the
+    workers leave it to the trainer, which finishes the step and saves."""
     out = tmp_path / "run"
     toml = write_toml(
-        text_config(out, training={"steps": 500, "lr_scheduler": "constant"}),
+        text_config(
+            out, training={"steps": 500, "lr_scheduler": "constant"}, data={"num_workers": 2}
+        ),
         tmp_path / "term.toml",
     )
-    returncode, err = sigterm_after([sys.executable, "-m", "hyper_core", "run", str(toml)], out, 2)
+    cmd = [sys.executable, "-m", "hyper_core", "run", str(toml)]
+    returncode, err = sigterm_after(cmd, out, 2, group=True)
     assert returncode == 0, err[-4000:]
     stopped_at = max(losses(out))
     assert stopped_at < 500

@@ -37,7 +37,7 @@ def qwen2_5_vl_72b_config() -> dict:
 
 
 def header_gib(recipe: Path) -> float:
-    """The estimated per-rank memory its header states (``# 50.5 GiB: fits ...``)."""
+    """The estimated per-rank memory its header states (``# 36.3 GiB: fits ...``)."""
     match = re.search(r"^# (\d+\.\d) GiB(?::| against)", recipe.read_text(), re.MULTILINE)
     assert match, f"{recipe.name}: no estimated per-rank memory in the header"
     return float(match.group(1))
@@ -90,6 +90,9 @@ def test_recipe_header_states_the_estimate(
     assert set(est["state"]["params"]["by_dtype"]) == {"float32"}
     assert set(est["state"]["optimizer"]["by_dtype"]) == {"float32"}
     assert est["precision"]["compute_weight_bytes"] == 2 and est["precision"]["autocast"]
+    # logits at the label positions only, the 38% the headers state (no data to measure here)
+    assert est["loss_path"]["mode"] in ("label_positions", "chunked")
+    assert est["loss_path"]["label_fraction"] == 0.38
     assert est["per_rank"]["total"] / 2**30 == pytest.approx(header_gib(recipe), abs=0.06)
 
 
@@ -142,4 +145,5 @@ def test_lora_recipe_fits_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert est["parameters"]["trainable"] == trainable == 40_370_176
     assert est["per_rank"]["grads"] == 4 * trainable
     assert set(est["state"]["grads"]["by_group"]) == {"language"}
+    assert est["loss_path"]["mode"] == "label_positions"  # 3,113 label rows: one chunk
     assert est["per_rank"]["total"] / 2**30 == pytest.approx(header_gib(recipe), abs=0.06)

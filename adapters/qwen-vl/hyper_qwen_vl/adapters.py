@@ -8,13 +8,16 @@ What the adapters' ``transform`` returns (per sample; :meth:`QwenVLAdapter.sampl
 adds the positions and token fields to the core's multimodal transform):
 
 * ``input_ids``/``labels`` ``(L,)``: ChatML, loss on assistant turns, each image expanded to
-  ``<|vision_start|>`` + ``<|image_pad|>`` × (t·h·w / merge²) + ``<|vision_end|>``;
+  ``<|vision_start|>`` + ``<|image_pad|>`` × (t·h·w / merge²) + ``<|vision_end|>``, each video
+  likewise with ``<|video_pad|>`` (Qwen3-VL: one ``<t seconds>`` + span per temporal patch);
 * ``position_ids`` ``(4, L)``: row 0 the text positions ``0..L-1`` (transformers detects packed
   sample boundaries from it), rows 1-3 the sample's own mRoPE ``(t, h, w)`` positions;
-* ``token_fields["mm_token_type_ids"]`` ``(L,)``: 1 on image tokens (what the HF processor
-  returns; the model only reads it when it must compute positions itself);
+* ``token_fields["mm_token_type_ids"]`` ``(L,)``: 1 on image tokens, 2 on video tokens (what
+  the HF processor returns; the model only reads it when it must compute positions itself);
 * ``media``: ``pixel_values`` ``(Σ patches, 3·2·P·P)`` float32, ``image_grid_thw``
-  ``(num_images, 3)`` int64 (absent for text-only samples).
+  ``(num_images, 3)`` int64 (absent without images); ``pixel_values_videos``,
+  ``video_grid_thw`` and, for Qwen2.5-VL, ``second_per_grid_ts`` ``(num_videos,)`` float32
+  (absent without videos).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from hyper_core.errors import ConfigError, UserError
 
 from . import configs
 from .options import QwenVLOptions
-from .processor import ImageDefaults, QwenVLProcessor, build_image_processor
+from .processor import ImageDefaults, QwenVLProcessor, VideoSettings, build_image_processor
 from .tokens import CONFIG_TOKEN_FIELDS, QWEN2_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
+from .video import FrameSampling
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +78,10 @@ class QwenVLAdapter(HFModelAdapter):
     image_defaults: ClassVar[ImageDefaults] = ImageDefaults(
         min_pixels=56 * 56, max_pixels=28 * 28 * 1280, image_mean=_CLIP_MEAN, image_std=_CLIP_STD
     )
+    #: Qwen2.5-VL: videos' temporal positions follow seconds (``second_per_grid_ts``).
+    video_seconds: ClassVar[bool] = False
+    #: Qwen3-VL: videos are timestamped temporal patches.
+    video_timestamps: ClassVar[bool] = False
 
     # -- config and model -----------------------------------------------------------------------
 
@@ -107,17 +115,23 @@ class QwenVLAdapter(HFModelAdapter):
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
         """Text: 6 × active decoder params (experts at top-k/E, lm_head always) × tokens plus
         causal attention. Vision: 6 × (patch embed + blocks) × patches, 6 × mergers ×
-        patches/merge², plus full (or, in Qwen2.5-VL's windowed blocks, window) attention."""
+        patches/merge², plus full (or, in Qwen2.5-VL's windowed blocks, window) attention;
+        video patches count like image patches."""
         lm = model.get_submodule(self.language_module)
         text_cfg = model.config.text_config
         head = model.get_output_embeddings()
         # lm_head counts even when tied to the (excluded) input embeddings: it is a matmul.
         params = count_params(lm) + head.weight.numel() - _inactive_expert_params(lm, text_cfg)
         text = 6.0 * params * micro_batch.num_tokens + self._attention_flops(model, micro_batch)
-        grid = micro_batch.model_inputs.get("image_grid_thw")
-        vision = 0.0
-        if grid is not None and len(grid):
-            vision = self._vision_flops(model, [int(n) for n in grid.prod(dim=-1)])
+        # The tower attends within each temporal patch (``cu_seqlens`` per t): one entry each.
+        patches = [
+            int(h * w)
+            for key in ("image_grid_thw", "video_grid_thw")
+            if (grid := micro_batch.model_inputs.get(key)) is not None
+            for t, h, w in grid.tolist()
+            for _ in range(t)
+        ]
+        vision = self._vision_flops(model, patches) if patches else 0.0
         return FlopsCount(text=text, vision=vision)
 
     def _vision_flops(self, model: torch.nn.Module, patches: list[int]) -> float:
@@ -175,8 +189,9 @@ class QwenVLAdapter(HFModelAdapter):
         options = self.parse_options(model_config)
         cfg = self.hf_config(model_config)
         vc = cfg.vision_config
+        pixels_per_token = (vc.patch_size * vc.spatial_merge_size) ** 2
         min_pixels, max_pixels = options.pixel_bounds(
-            (vc.patch_size * vc.spatial_merge_size) ** 2,
+            pixels_per_token,
             model_config.min_pixels,
             model_config.max_pixels,
         )
@@ -188,18 +203,32 @@ class QwenVLAdapter(HFModelAdapter):
             "min_pixels": min_pixels,
             "max_pixels": max_pixels,
         }
+        video_min, video_max = options.video_pixel_bounds(pixels_per_token)
+        video = VideoSettings(
+            sampling=FrameSampling(
+                fps=options.video_fps,
+                max_frames=options.video_max_frames,
+                temporal_patch_size=vc.temporal_patch_size,
+            ),
+            min_pixels=video_min,
+            max_pixels=video_max,
+            second_per_grid=self.video_seconds,
+            timestamps=self.video_timestamps,
+        )
         try:
             if has_tokenizer_files(model_config.path):
                 processor = QwenVLProcessor.from_pretrained(
                     model_config.path,
                     trust_remote_code=model_config.trust_remote_code,
                     chat_template=self.chat_template,
+                    video=video,
                     **image_kwargs,
                 )
             else:
                 processor = QwenVLProcessor(
                     build_image_processor(path=model_config.path, **image_kwargs),
                     build_demo_tokenizer(self.chat_template),
+                    video=video,
                 )
         except ValueError as exc:
             raise UserError(f"$.model.path: {exc}") from None
@@ -210,30 +239,43 @@ class QwenVLAdapter(HFModelAdapter):
             tokenizer=tok,
             processor=processor,
             pad_token_id=int(pad or 0),
-            extra={"image_token_id": processor.image_token_id, "merge_size": processor.merge_size},
+            extra={
+                "image_token_id": processor.image_token_id,
+                "merge_size": processor.merge_size,
+                "tokens_per_second": getattr(vc, "tokens_per_second", None),
+            },
         )
 
     def sample_fields(self, tokens: MultimodalTokens, assets: ModelAssets) -> dict[str, Any]:
         """mRoPE ``position_ids`` and ``mm_token_type_ids`` (see the module docstring) for the
-        default :meth:`transform`; ``SampleError`` ``image_token_mismatch`` when the image
-        tokens do not fit the grids."""
+        default :meth:`transform`; ``SampleError``
+        ``image_token_mismatch`` when the image tokens do not fit the grids."""
         from hyper_core.data.errors import SampleError
 
         from .rope import text_and_mrope_position_ids
 
         processor: QwenVLProcessor = assets.processor
+        seconds = self.video_seconds
         try:
             positions = text_and_mrope_position_ids(
                 tokens.input_ids,
                 tokens.media.get("image_grid_thw"),
                 image_token_id=processor.image_token_id,
                 spatial_merge_size=processor.merge_size,
+                video_grid_thw=tokens.media.get("video_grid_thw"),
+                video_token_id=processor.video_token_id,
+                second_per_grid_ts=tokens.media.get("second_per_grid_ts"),
+                tokens_per_second=assets.extra.get("tokens_per_second") if seconds else None,
+                split_video_frames=self.video_timestamps,
             )
         except ValueError as exc:
             raise SampleError("image_token_mismatch", str(exc)) from None
+        types = tokens.is_image.long()
+        if tokens.is_video is not None:
+            types = types + 2 * tokens.is_video.long()
         return {
             "position_ids": positions,
-            "token_fields": {"mm_token_type_ids": tokens.is_image.long()},
+            "token_fields": {"mm_token_type_ids": types},
         }
 
     # -- vision encoder (encoder parallelism) ---------------------------------------------------
@@ -268,6 +310,7 @@ class Qwen25VLAdapter(QwenVLAdapter):
     config_class = "transformers:Qwen2_5_VLConfig"
     model_class = "transformers:Qwen2_5_VLForConditionalGeneration"
     named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.QWEN2_5_VL
+    video_seconds = True
 
     def _vision_attention_span(self, vision_config: Any, layer: int) -> int | None:
         if layer in vision_config.fullatt_block_indexes:
@@ -287,6 +330,7 @@ class Qwen3VLAdapter(QwenVLAdapter):
     projector_modules = ("model.visual.merger", "model.visual.deepstack_merger_list")
     chat_format = QWEN3_CHATML
     chat_template = QWEN3_VL_CHAT_TEMPLATE
+    video_timestamps = True
     # Offline defaults scaled to patch 16 (the released preprocessor_config.json files, used
     # when the model directory has one, ask for 256×256 at least).
     image_defaults = ImageDefaults(

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
+from hyper_core.errors import DataError
+
 from .config import EncoderParallelConfig
 from .planner import image_cost, imbalance, loads, plan
 from .vision_io import FlatOutputs, Schema, merge_inputs
@@ -215,6 +217,13 @@ class EncoderBalancer:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if not module.training or not torch.is_grad_enabled():
             return None
+        if kwargs.get("pixel_values_videos") is not None:
+            # Each rank would run the tower on its own videos inside the model, a number of
+            # times no other rank knows: fail now rather than hang in FSDP's all-gathers.
+            raise DataError(
+                "encoder_parallel balances images only and this micro-batch has videos; "
+                "train video data without [encoder_parallel]"
+            )
         return args, self.rebalance(kwargs)
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:

@@ -12,6 +12,10 @@ from .units import GIB, fmt_mib, parse_size
 
 #: ``memory estimate`` exit code when the estimate exceeds ``--device-memory`` after headroom.
 EXIT_DOES_NOT_FIT = 3
+#: Training samples read to measure the label share (``data stats``' counts).
+LABEL_SAMPLES = 64
+#: The default label share (the estimator's; repeated here to keep ``--help`` torch-free).
+DEFAULT_LABEL_FRACTION = 0.38
 
 
 def _global_options(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +39,16 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="also load this module as a plugin",
     )
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return value
 
 
 def _size(text: str) -> int:
@@ -105,6 +119,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="vision patches per micro-batch (default: one max_pixels image per sample)",
+    )
+    est.add_argument(
+        "--label-fraction",
+        type=_fraction,
+        default=None,
+        metavar="F",
+        help="share of the tokens that carry a label (the LM head runs on those rows only); "
+        f"default: measured on the first {LABEL_SAMPLES} training samples, else "
+        f"{DEFAULT_LABEL_FRACTION:.2f} when the data or tokenizer can't be read",
     )
     est.add_argument("--rank", type=int, default=0, help="the rank to estimate (0: the largest)")
     est.add_argument("--json", action="store_true", help="machine-readable output")
@@ -184,8 +207,18 @@ def _estimate(args: argparse.Namespace) -> int:
         raise UserError("memory estimate: --headroom must be in [0, 1)")
     config, host = load_run_config(args)
     config = _model_to_estimate(config, args.model_config)
+    if args.label_fraction is not None:
+        fraction, source = args.label_fraction, "--label-fraction"
+    else:
+        fraction, source = label_fraction_of_data(config, host)
     est = estimate_config(
-        config, host.registries, world, _batch(args, config, host.registries), args.rank
+        config,
+        host.registries,
+        world,
+        _batch(args, config, host.registries),
+        args.rank,
+        label_fraction=fraction,
+        label_source=source,
     )
     data = est.to_json()
     data["config"] = str(args.config)
@@ -201,6 +234,27 @@ def _estimate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_estimate(data))
     return EXIT_DOES_NOT_FIT if fits is False else 0
+
+
+def label_fraction_of_data(config: Any, host: Any) -> tuple[float, str]:
+    """The share of label tokens in the first :data:`LABEL_SAMPLES` training samples (read
+    through the run's transform, as ``data stats`` does) and where it came from; the default
+    share, with the reason, when the tokenizer or the data can't be read."""
+    from hyper_core.data.stats import data_stats
+    from hyper_core.errors import UserError
+
+    try:
+        stats = data_stats(config, host, limit=LABEL_SAMPLES)
+    except (UserError, OSError, ValueError, ImportError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        if len(reason) > 100:
+            reason = reason[:97] + "..."
+        return DEFAULT_LABEL_FRACTION, f"default; the data was not read: {reason}"
+    tokens = sum(c.tokens for c in stats.samples)
+    if not tokens:
+        return DEFAULT_LABEL_FRACTION, "default; no usable training sample"
+    labels = sum(c.loss_tokens for c in stats.samples)
+    return labels / tokens, f"measured on {len(stats.samples)} training samples"
 
 
 def _model_to_estimate(config: Any, named: str | None) -> Any:
@@ -226,7 +280,7 @@ def _model_to_estimate(config: Any, named: str | None) -> Any:
 
 def format_estimate(data: dict[str, Any]) -> str:
     """The human-readable estimate table."""
-    from .report import LABELS
+    from .report import LABELS, loss_lines
 
     lay, prec, batch = data["layout"], data["precision"], data["batch"]
     shards = lay["dp_shard"] if lay["shards_parameters"] and lay["world_size"] > 1 else 1
@@ -241,6 +295,7 @@ def format_estimate(data: dict[str, Any]) -> str:
         f"tokens, {batch['samples']} sample(s)"
         + (f", {batch['patches']} vision patches" if batch["patches"] else "")
         + (", attention mask" if batch["masked"] else ""),
+        *loss_lines(data["loss_path"], batch["tokens"]),
     ]
     params = data.get("parameters") or {}
     if params.get("total"):

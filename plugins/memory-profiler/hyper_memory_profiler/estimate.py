@@ -35,11 +35,29 @@ query/key-value heads, ``d`` the head size:
 * attention, fused qkv (vision): ``c·7·w + F·nh`` (qkv output, roped q and k, the per-image
   outputs and their concatenation), ``c·6·w`` with a varlen flash kernel (no concatenation);
 * MLP: gated ``c·4·i`` (gate, up, act(gate), product), GELU ``c·2·i``, QuickGELU ``c·3·i``;
-* per micro-batch once: token ids and labels ``16`` bytes per token (+ a 4-byte scalar),
-  RoPE ``cos``/``sin`` ``2·d·r`` (LM) and ``2·d·F`` (vision) per position, the final norm,
-  the fp32 log-softmax of the logits ``F·V`` per token, the image-token mask ``1`` byte per
-  token, the pixel input ``c·patch_dim`` per patch, each patch merger ``norm(w) + c·2·w`` per
-  patch.
+* per micro-batch once: token ids ``8`` bytes per token, labels ``8`` per logits row (+ a
+  4-byte scalar; none chunked), the label-position mask ``1`` per token, RoPE
+  ``cos``/``sin`` ``2·d·r`` (LM) and ``2·d·F`` (vision) per position, the final norm, the
+  logits (below), the image-token mask ``1`` byte per token, the pixel input
+  ``c·patch_dim`` per patch, each patch merger ``norm(w) + c·2·w`` per patch.
+
+**Logits** follow the trainer's loss path (:func:`loss_path`), with ``V`` the vocabulary, ``h``
+the LM's width, ``T`` the micro-batch's tokens and ``n`` its label tokens (the profiler's
+micro-batch says ``n``; otherwise ``n = label fraction × T``, the fraction measured on the
+training data by ``memory estimate`` or :data:`DEFAULT_LABEL_FRACTION`):
+
+* every position (an adapter with ``logits_at_labels_only = False``, or a model whose
+  ``forward`` takes no ``logits_to_keep``): the fp32 log-softmax ``F·V·T`` saved, the logits
+  ``c·V·T`` and their fp32 gradient ``F·V·T`` transient, the LM head's input ``c·h·T``;
+* label positions (the default): the same over ``n`` rows, the head's input ``c·h·n`` (the
+  final norm's output is gathered, not saved), the labels ``8·n`` instead of ``8·T`` and the
+  positions' mask ``T`` bytes;
+* chunked (``n > [training] loss_chunk_tokens``, the default loss): nothing of ``V·n`` is kept;
+  the gradient buffers ``F·(n·h + V·h)`` (the hidden states' and the head weight's, fp32) are
+  saved for backward, and one chunk of ``k = min(n, chunk)`` rows is transient at its peak:
+  ``2F·k·V`` in fp32, else ``max((2c + 2F)·k·V, (2c + F)·k·V + c·V·h)``
+  (the logits, their fp32 copy, the softmax gradient and its cast; the head weight's gradient
+  product, added into the fp32 buffer as it is read, or the weight's cast: both c·V·h).
 
 LoRA (without checkpointing) adds per token (or patch) and LoRA layer ``c·r`` (``lora_B``'s
 input) and, with ``[peft] dropout``, ``(1 + c)·in`` (the dropout mask and output). What
@@ -51,8 +69,9 @@ With activation checkpointing the units save only their input, ``r·w`` per toke
 and unit; everything inside is recomputed in backward (one unit's worth is counted as
 transient).
 
-**Transient** (live at the peak, not saved for backward): the logits ``c·V`` per token held by
-the outputs and the fp32 gradient of the log-softmax ``F·V``; under FSDP2 with several ranks the
+**Transient** (live at the peak, not saved for backward): the logits ``c·V`` per logits row held
+by the outputs and the fp32 gradient of the log-softmax ``F·V`` (a chunk's peak instead when
+chunked, above); under FSDP2 with several ranks the
 unsharded root parameters plus two unsharded units (current + prefetch) and one unit's
 unsharded gradients; under bf16 autocast of fp32 weights the bf16 weight copies autocast saves
 (every Linear/Conv weight, unsharded; with checkpointing only those outside the units, plus one
@@ -67,11 +86,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-FORMULA_VERSION = 1
+FORMULA_VERSION = 2
 F = 4  # fp32 statistics
+
+#: Share of a micro-batch's tokens that carry a label when the data does not say: the answer
+#: tokens of the bench's VL data (issue #21); ``memory estimate --label-fraction`` sets it.
+DEFAULT_LABEL_FRACTION = 0.38
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -89,11 +112,21 @@ class BatchShape:
     patches: int = 0
     images: int = 0
     padding: int = 0
+    #: Tokens with a label (the loss tokens); None: not known, see :meth:`with_labels`.
+    label_tokens: int | None = None
 
     @property
     def tokens(self) -> int:
         """Token positions given to the model (padding included)."""
         return self.rows * self.seq_len
+
+    def with_labels(self, fraction: float) -> BatchShape:
+        """This shape with ``label_tokens`` = ``fraction`` of its non-padding tokens, unless
+        known already."""
+        if self.label_tokens is not None:
+            return self
+        labels = round(fraction * (self.tokens - self.padding))
+        return replace(self, label_tokens=max(0, min(labels, self.tokens)))
 
     @property
     def masked(self) -> bool:
@@ -114,6 +147,7 @@ class BatchShape:
             patches=patches,
             images=len(grid) if grid is not None else 0,
             padding=int(mb.num_padding),
+            label_tokens=int(mb.num_loss_tokens),
         )
 
 
@@ -196,6 +230,55 @@ class ModelShape:
     matmul_weight_numel: int = 0
     matmul_root_numel: int = 0
     matmul_unit_numel: int = 0  # the largest unit's
+
+
+@dataclass(frozen=True)
+class LossPath:
+    """Where the LM head makes logits in a step, as the trainer decides (see module doc)."""
+
+    mode: str  # every_position | label_positions | chunked
+    #: Logits rows of the micro-batch: every token, or its label tokens.
+    rows: int
+    #: Rows of one chunk (``chunked`` only; 0 otherwise).
+    chunk: int = 0
+    #: The label share used for the micro-batch, and where it came from.
+    label_fraction: float = DEFAULT_LABEL_FRACTION
+    label_source: str = "default"
+
+
+def loss_path(
+    adapter: Any,
+    model: Any,
+    config: Any,
+    batch: BatchShape,
+    fraction: float = DEFAULT_LABEL_FRACTION,
+    label_source: str = "default",
+) -> LossPath:
+    """The trainer's choice for ``batch`` (``label_tokens`` set; ``fraction`` the share they
+    came from): logits at label positions when the adapter allows it and the model takes
+    ``logits_to_keep``, in chunks above ``[training] loss_chunk_tokens`` label tokens with the
+    default loss."""
+    from hyper_core.step.label_positions import supports_label_positions
+    from hyper_core.step.loss import causal_lm_loss
+
+    labels = batch.label_tokens if batch.label_tokens is not None else batch.tokens
+    if not supports_label_positions(adapter, model):
+        return LossPath("every_position", batch.tokens, 0, fraction, label_source)
+    chunk = config.training.loss_chunk_tokens
+    default_loss = (getattr(adapter, "loss_fn", None) or causal_lm_loss) is causal_lm_loss
+    if default_loss and chunk is not None and labels > chunk:
+        return LossPath("chunked", labels, chunk, fraction, label_source)
+    return LossPath("label_positions", labels, 0, fraction, label_source)
+
+
+def chunk_peak_bytes(rows: int, vocab: int, hidden: int, prec: Precision) -> int:
+    """The transient peak of one chunk of the chunked cross-entropy (see module doc)."""
+    c = prec.compute_bytes
+    kv = rows * vocab
+    if c == F:  # the logits are their own fp32 copy; the weight gradient adds in place
+        return 2 * F * kv
+    # the weight gradient's half-precision product (or, as large, the weight's cast)
+    return max((2 * c + 2 * F) * kv, (2 * c + F) * kv + c * vocab * hidden)
 
 
 # -- model inspection ---------------------------------------------------------------------------
@@ -456,9 +539,14 @@ def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
 
 
 def activation_bytes(
-    shape: ModelShape, batch: BatchShape, prec: Precision, checkpointing: bool = False
+    shape: ModelShape,
+    batch: BatchShape,
+    prec: Precision,
+    checkpointing: bool = False,
+    loss: LossPath | None = None,
 ) -> dict[str, int]:
-    """Bytes saved for backward by one micro-batch, by part; ``total`` sums them.
+    """Bytes saved for backward by one micro-batch, by part; ``total`` sums them. ``loss``
+    says where the logits are made (default: every position).
 
     Also returns ``recompute``: with checkpointing, one unit's activations rebuilt in backward
     (transient, not in ``total``).
@@ -466,6 +554,8 @@ def activation_bytes(
     impl = shape.attn_implementation
     t, tokens = shape.text, batch.tokens
     c, r = prec.compute_bytes, prec.text_residual
+    loss = loss or LossPath("every_position", tokens)
+    n = loss.rows
     layer = text_layer_bytes(t, prec, batch, impl)
     parts: dict[str, int] = {}
     if checkpointing:
@@ -473,10 +563,19 @@ def activation_bytes(
     else:
         parts["language_layers"] = t.layers * layer * tokens
         parts["rope"] = 2 * t.head_dim * r * tokens
-    parts["final_norm"] = norm_bytes(t.hidden, t.norm, r, prec, 1) * tokens
-    parts["logits"] = F * shape.vocab * tokens
-    # token ids and labels (int64), the loss normaliser, the image-token mask
-    parts["inputs"] = 16 * tokens + 4 + (tokens if batch.patches else 0)
+    # the final norm without its output, which the LM head saves for its rows (none chunked)
+    head_input = 0 if loss.mode == "chunked" else c * t.hidden * n
+    parts["final_norm"] = (norm_bytes(t.hidden, t.norm, r, prec, 1) - c * t.hidden) * tokens
+    parts["final_norm"] += head_input
+    if loss.mode == "chunked":  # the hidden states' and the head weight's gradients, fp32
+        parts["loss_gradients"] = F * t.hidden * (n + shape.vocab)
+    else:
+        parts["logits"] = F * shape.vocab * n
+    # token ids (int64), the image-token mask; the loss's labels (int64) and normaliser, or
+    # none (chunked: its gradients are computed already); the label-position mask (bool)
+    parts["inputs"] = 8 * tokens + (tokens if batch.patches else 0)
+    parts["inputs"] += 0 if loss.mode == "chunked" else 8 * n + 4
+    parts["inputs"] += 0 if loss.mode == "every_position" else tokens
     recompute = layer * tokens
     v = shape.vision
     if v is not None and batch.patches:
@@ -679,6 +778,7 @@ class Estimate:
     precision: Precision
     batch: BatchShape
     checkpointing: bool
+    loss: LossPath
     state: dict[str, dict[str, Any]]
     activations: dict[str, int]
     transient: dict[str, int]
@@ -710,6 +810,7 @@ class Estimate:
                 "masked": self.batch.masked,
             },
             "activation_checkpointing": self.checkpointing,
+            "loss_path": asdict(self.loss),
             "per_rank": dict(self.rows),
             "parameters": {
                 **self.parameters,
@@ -729,8 +830,12 @@ def estimate_model(
     layout: Layout,
     batch: BatchShape | None = None,
     rank: int = 0,
+    label_fraction: float = DEFAULT_LABEL_FRACTION,
+    label_source: str = "default",
 ) -> Estimate:
-    """Estimate for an already built (meta) ``model`` with ``[model] freeze`` applied."""
+    """Estimate for an already built (meta) ``model`` with ``[model] freeze`` applied; a
+    ``batch`` without ``label_tokens`` gets ``label_fraction`` of its tokens as labels
+    (``label_source`` says where that came from, for the report)."""
     prec = Precision.from_config(config, sharded=layout.param_shards > 1)
     shape = model_shape(model, adapter, config.model.attn_implementation)
     if batch is None:
@@ -738,18 +843,26 @@ def estimate_model(
     groups = adapter.freeze_groups(model)
     experts = expert_parameter_ids(model, adapter) if layout.ep > 1 else set()
     state = state_bytes(model, groups, layout.param_shards, rank, layout.ep, experts)
+    if batch.label_tokens is not None:  # counted: the share of this micro-batch
+        label_fraction = batch.label_tokens / max(batch.tokens - batch.padding, 1)
+    batch = batch.with_labels(label_fraction)
+    loss = loss_path(adapter, model, config, batch, label_fraction, label_source)
     ckpt = bool(config.training.activation_checkpointing)
-    acts = activation_bytes(shape, batch, prec, ckpt)
+    acts = activation_bytes(shape, batch, prec, ckpt, loss)
     lora = 0 if ckpt else lora_activation_bytes(model, prec, batch, _vision_path(model, adapter))
     if lora:
         acts["lora"] = lora
         acts["total"] += lora
     tokens = batch.tokens
-    transient: dict[str, int] = {
-        "logits": prec.compute_bytes * shape.vocab * tokens,
-        "logits_grad": F * shape.vocab * tokens,
-        "recompute": acts.pop("recompute"),
-    }
+    if loss.mode == "chunked":
+        rows = min(loss.rows, loss.chunk)
+        transient = {"logits": chunk_peak_bytes(rows, shape.vocab, shape.text.hidden, prec)}
+    else:
+        transient = {
+            "logits": prec.compute_bytes * shape.vocab * loss.rows,
+            "logits_grad": F * shape.vocab * loss.rows,
+        }
+    transient["recompute"] = acts.pop("recompute")
     if layout.param_shards > 1:
         unit = max(shape.unit_numels, default=0)
         if experts:  # a unit gathers only its E / ep experts
@@ -761,16 +874,19 @@ def estimate_model(
             shape.root_numel + 2 * unit
         ) * prec.compute_weight_bytes + unit * prec.reduce_bytes
     if prec.autocast and prec.compute_weight_bytes != prec.compute_bytes:
+        # chunked, the LM head runs outside autograd: its weight's copy is not saved
+        head = shape.vocab * shape.text.hidden if loss.mode == "chunked" else 0
         if ckpt:
-            transient["weight_copies"] = prec.compute_bytes * shape.matmul_root_numel
+            transient["weight_copies"] = prec.compute_bytes * (shape.matmul_root_numel - head)
             transient["recompute"] += prec.compute_bytes * shape.matmul_unit_numel
         else:
-            transient["weight_copies"] = prec.compute_bytes * shape.matmul_weight_numel
+            transient["weight_copies"] = prec.compute_bytes * (shape.matmul_weight_numel - head)
     return Estimate(
         layout=layout,
         precision=prec,
         batch=batch,
         checkpointing=ckpt,
+        loss=loss,
         state=state,
         activations=acts,
         transient=transient,
@@ -802,6 +918,8 @@ def estimate_config(
     world_size: int,
     batch: BatchShape | None = None,
     rank: int = 0,
+    label_fraction: float = DEFAULT_LABEL_FRACTION,
+    label_source: str = "default",
 ) -> Estimate:
     """Build ``config``'s model on meta and estimate one rank of a ``world_size`` job."""
     from hyper_core.builtin.resolve import resolve_adapter, resolve_strategy
@@ -810,4 +928,4 @@ def estimate_config(
     strategy = resolve_strategy(config, registries)
     model = build_meta_model(config, adapter)
     layout = layout_for(config, strategy, world_size)
-    return estimate_model(model, adapter, config, layout, batch, rank)
+    return estimate_model(model, adapter, config, layout, batch, rank, label_fraction, label_source)

@@ -327,7 +327,16 @@ class RunProfiler:
             shards_parameters=bool(getattr(trainer.strategy, "shards_parameters", False)),
         )
         model = build_meta_model(trainer.config, trainer.adapter)
-        est = estimate_model(model, trainer.adapter, trainer.config, layout, batch, self.rank)
+        counted = batch is not None and batch.label_tokens is not None
+        est = estimate_model(
+            model,
+            trainer.adapter,
+            trainer.config,
+            layout,
+            batch,
+            self.rank,
+            label_source="micro-batch" if counted else "default",
+        )
         summary["estimate"] = est.to_json()
         summary["comparison"] = comparison(summary)
 

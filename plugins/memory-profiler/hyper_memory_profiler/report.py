@@ -111,6 +111,30 @@ def comparison(summary: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+def loss_lines(loss: dict[str, Any], tokens: int) -> list[str]:
+    """Where the estimate has the logits made (its ``loss_path``), and the label share behind
+    it, for a micro-batch of ``tokens``."""
+    if loss["mode"] == "every_position":
+        where = (
+            f"logits: at every position, {tokens:,} rows (the adapter or model does not "
+            "compute them at label positions only)"
+        )
+    else:
+        where = f"logits: at label positions only, {loss['rows']:,} of {tokens:,} rows"
+    if loss["mode"] == "chunked":
+        where += f", in chunks of {loss['chunk']:,} ([training] loss_chunk_tokens)"
+    source = loss["label_source"]
+    if source == "default":
+        source = "the default"
+    elif source.startswith("default; "):
+        source = f"the default; {source.removeprefix('default; ')}; set --label-fraction"
+    elif source == "--label-fraction":
+        source = "from --label-fraction"
+    elif source == "micro-batch":
+        source = "counted in the micro-batch"
+    return [where, f"labels: {100 * loss['label_fraction']:.1f}% of the tokens, {source}"]
+
+
 # -- markdown -----------------------------------------------------------------------------------
 
 
@@ -232,6 +256,9 @@ def format_report(summary: dict[str, Any]) -> str:
                 label = "total vs step peak" + ("" if cuda else " (RSS above setup_distributed's)")
             rows.append([label, fmt_mib(v["estimate"]), fmt_mib(v.get("measured")), ratio])
         lines += _table(["", "estimate", "measured", "measured / estimate"], rows)
+        est = summary.get("estimate") or {}
+        if est.get("loss_path"):  # summaries before formula version 2 have none
+            lines += ["", *(f"- {x}" for x in loss_lines(est["loss_path"], est["batch"]["tokens"]))]
     errors = [e for r in ranks for e in r.get("errors", [])]
     if errors:
         lines += ["", "## Profiler errors", "", *(f"- {e}" for e in errors)]

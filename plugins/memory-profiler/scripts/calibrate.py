@@ -34,12 +34,15 @@ lr = 1e-3
 """
 BF16 = '--training.mixed_precision="bf16"'
 AC = "--training.activation_checkpointing=true"
+CHUNK = "--training.loss_chunk_tokens=8"
 CASES: list[tuple[str, str, list[str]]] = [
     ("text", "text tiny-qwen2, fp32, packed ×8", []),
     ("text", "text tiny-qwen2, bf16 autocast", [BF16]),
     ("text", "text tiny-qwen2, 1 sample (no mask)", ["--training.micro_batch_size=1"]),
     ("text", "text tiny-qwen2, eager attention", ['--model.attn_implementation="eager"']),
     ("text", "text tiny-qwen2, checkpointing", [AC]),
+    ("text", "text tiny-qwen2, chunked loss (8 rows)", [CHUNK]),
+    ("text", "text tiny-qwen2, chunked loss, bf16 autocast", [CHUNK, BF16]),
     ("vl", "qwen2.5-vl tiny, fp32", []),
     ("vl", "qwen2.5-vl tiny, bf16 autocast", [BF16]),
     ("vl", "qwen2.5-vl tiny, bf16 weights", ['--model.dtype="bfloat16"']),
