@@ -235,14 +235,14 @@ def _loss_and_grads(
 
 
 @pytest.mark.parametrize(
-    "rows",
+    ("rows", "attention"),
     [
-        [[3, 4], [5, 2]],  # 2 rows of 7 (odd: padded to 8), samples cut by the split
-        [[1]],  # a row shorter than cp: rank 1 holds only padding
-        [[13]],
+        ([[3, 4], [5, 2]], "varlen"),  # 2 rows of 7 (odd: padded to 8), samples cut by the split
+        ([[1]], "varlen"),  # a row shorter than cp: rank 1 holds only padding
+        ([[13]], "varlen"),
+        ([[3, 4], [5, 2]], "flash_varlen"),
     ],
 )
-@pytest.mark.parametrize("attention", ["varlen", "flash_varlen"])
 def test_ulysses_on_two_ranks_gives_the_unsplit_loss_and_gradients(
     rows: list[list[int]], attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -142,3 +142,26 @@ def test_cp_resumes_exactly(runs: Path) -> None:
     full, resumed = losses(runs / "text-cp"), losses(runs / "text-cp-resumed")
     assert sorted(resumed) == [3, 4, 5]
     assert resumed == {step: full[step] for step in resumed}
+
+
+def test_sigkill_under_cp_then_relaunch_repeats_the_uninterrupted_steps(
+    runs: Path, tmp_path: Path
+) -> None:
+    """The shared launch's text run under ``cp = 2``, launched on its own: both ranks die in
+    step 4; the relaunch resumes from the step-2 checkpoint and repeats steps 3-5 of the
+    uninterrupted run exactly."""
+    from dist_helpers import hyper_train, write_toml
+
+    out = tmp_path / "killed"
+    raw = _config("text", out, strategy="fsdp2", cp=CP)
+    raw["checkpoint"].update(every_steps=2, resume="auto")
+    toml = write_toml(raw, tmp_path / "killed.toml")
+    two = ["--nproc-per-node", "2"]
+    killed = hyper_train(["run", str(toml), *two, "--plugin", "chaos_plugin"], HT_KILL_AT_STEP="3")
+    assert killed.returncode != 0
+    assert (out / "checkpoints" / "step-2" / "COMPLETE").is_file(), killed.stderr[-3000:]
+    assert max(losses(out)) == 3 and not (out / "checkpoints" / "step-4").exists()
+    resumed = hyper_train(["run", str(toml), *two])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, want = losses(out), losses(runs / "text-cp")
+    assert {s: got[s] for s in range(3, STEPS + 1)} == {s: want[s] for s in range(3, STEPS + 1)}
