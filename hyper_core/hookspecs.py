@@ -308,6 +308,9 @@ def build_dataloader(
 
     The train loader yields, per optimizer step, the list of this rank's micro-batches; it is
     sharded by rank, resumable (``state_dict``/``load_state_dict``) and reshuffled per epoch.
+    ``dist`` is the data-parallel view (``DistEnv.data_view()``): with ``[parallel] cp`` the
+    ranks of a cp group share one data shard, so shard by its ``rank``/``world_size`` and do
+    no collectives with it.
     """
 
 
