@@ -601,8 +601,8 @@ class ParallelConfig(_Section):
         metadata=meta(
             "Expert parallelism (MoE models, `fsdp2`): the routed experts of each MoE block "
             "are split over groups of `ep` ranks, which exchange tokens all-to-all; expert "
-            "weights are FSDP-sharded over the other `dp_shard / ep` ranks. Must divide "
-            "`dp_shard` and the expert count."
+            "weights are FSDP-sharded over the other `dp_shard × cp / ep` ranks. Must divide "
+            "`dp_shard × cp` and the expert count; with `cp`, an ep group may span cp ranks."
         ),
     )
     cp: int = attrs.field(

@@ -114,12 +114,18 @@ def _problem(config: Config, world: int) -> tuple[str, str] | None:
             f"dp_replicate ({par.dp_replicate}) × dp_shard ({shard}){cp} must equal the world "
             f"size ({world}); try dp_shard {world // (par.dp_replicate * par.cp)} or -1",
         )
-    if shard % par.ep:
+    sharded = shard * par.cp  # FSDP2 shards over the cp ranks too
+    if sharded % par.ep:
+        over = (
+            f"dp_shard ({shard}) × cp ({par.cp}) = {sharded}"
+            if par.cp > 1
+            else f"dp_shard ({shard})"
+        )
         return (
             "$.parallel.ep",
-            f"{par.ep} does not divide dp_shard ({shard}): each group of ep ranks shares out "
+            f"{par.ep} does not divide {over}: each group of ep ranks shares out "
             "the experts within one FSDP shard group; try ep "
-            + " or ".join(str(d) for d in _nearest_divisors(shard, par.ep)),
+            + " or ".join(str(d) for d in _nearest_divisors(sharded, par.ep)),
         )
     t = config.training
     return _batch_problem(t.global_batch_size, t.micro_batch_size, world // par.cp)

@@ -14,7 +14,13 @@ across the group; scattering its output to the rank that holds its tokens is the
 and the positions, Qwen-VL's mRoPE included (the packed runtime computes them per sample on
 the host). A forward pre-hook on the decoder (``get_decoder()``) then keeps this rank's
 tokens of ``input_ids``/``inputs_embeds`` and ``position_ids`` (so every token keeps its
-position) and gives the layers the whole padded row's sample boundaries (``cu_seq_lens_*``).
+position), of Qwen3-VL's deepstack inputs (``visual_pos_masks`` and the rows of
+``deepstack_visual_embeds`` of its visual tokens), and gives the layers the whole padded
+row's sample boundaries (``cu_seq_lens_*``).
+
+Expert parallelism composes: the MoE blocks are token-wise, so a rank's ep group exchanges
+the tokens it holds, whichever cp group the ranks are in (the ep groups are cut from the
+same ``dp_shard × cp`` ranks, :func:`~hyper_core.parallel.setup.expert_parallel_meshes`).
 
 Attention (Ulysses, :meth:`ContextParallel.attention`, called by ``varlen`` for the decoder's
 attention modules): an all-to-all over heads gives each rank every token of the row for
@@ -62,12 +68,6 @@ def context_parallel_problem(config: Any) -> tuple[str, str] | None:
         return (
             "$.parallel.cp",
             f"{cp}: strategy {par.strategy!r} has no context parallelism; use fsdp2",
-        )
-    if par.ep > 1:
-        return (
-            "$.parallel.cp",
-            f"{cp} with ep = {par.ep}: context and expert parallelism do not compose yet; "
-            "use one of them",
         )
     attn = config.model.attn_implementation
     if attn not in ("varlen", "flash_varlen"):
@@ -179,10 +179,30 @@ class ContextParallel:
             extra = self.split.padded_length(length) - length
             pad = torch.arange(extra, device=positions.device).expand(*positions.shape[:-1], -1)
             out["position_ids"] = self.split.take(positions, -1, pad)
+        mask = kwargs.get("visual_pos_masks")
+        if mask is not None:
+            out.update(self._split_visual(mask, kwargs.get("deepstack_visual_embeds")))
         longest = max(b - a for a, b in pairwise(bounds))
         cu = torch.tensor(bounds, dtype=torch.int32, device=x.device)
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         return args, out
+
+    def _split_visual(
+        self, mask: torch.Tensor, embeds: list[torch.Tensor] | None
+    ) -> dict[str, Any]:
+        """Qwen3-VL's deepstack inputs for this rank's tokens: ``visual_pos_masks`` (B, L)
+        split like the tokens, and of each ``deepstack_visual_embeds`` tensor (one row per
+        visual token, in row-major order of the mask) the rows of this rank's visual tokens,
+        in the same order (the local positions keep the row's order)."""
+        import torch
+
+        ordinal = torch.cumsum(mask.reshape(-1).long(), 0).reshape(mask.shape) - 1
+        local_mask = self.split.take(mask, 1, False)
+        keep = self.split.take(ordinal, 1, -1)[local_mask]
+        out: dict[str, Any] = {"visual_pos_masks": local_mask}
+        if embeds is not None:
+            out["deepstack_visual_embeds"] = [e.index_select(0, keep) for e in embeds]
+        return out
 
     @staticmethod
     def _bounds(kwargs: dict[str, Any], batch: int, length: int) -> list[int]:
@@ -225,12 +245,13 @@ class ContextParallel:
     def _gather_row(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, L/cp, D)`` of this rank's tokens → ``(B, H/cp, L', D)`` of the row."""
         import torch
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        from .all_to_all import all_to_all
 
         n = self.cp
         batch, heads, local, dim = x.shape
         send = x.reshape(batch, n, heads // n, local, dim).transpose(0, 1).contiguous()
-        got = all_to_all_single_autograd(send, None, None, self.group)  # [source rank]
+        got = all_to_all(send, None, None, self.group)  # [source rank]
         got = got.reshape(n, batch, heads // n, 2, local // 2, dim)
         # rank s sent chunks s and 2n-1-s: chunks 0..n-1 in rank order, then n..2n-1 reversed
         chunks = torch.cat([got[:, :, :, 0], got[:, :, :, 1].flip(0)])
@@ -239,7 +260,8 @@ class ContextParallel:
     def _scatter_row(self, out: torch.Tensor) -> torch.Tensor:
         """``(B, L', H/cp, Dv)`` of the row → ``(B, L/cp, H, Dv)`` of this rank's tokens."""
         import torch
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        from .all_to_all import all_to_all
 
         n = self.cp
         batch, length, heads, dim = out.shape
@@ -247,7 +269,7 @@ class ContextParallel:
         chunks = out.reshape(batch, 2 * n, chunk, heads, dim)
         send = torch.stack([chunks[:, :n], chunks[:, n:].flip(1)], dim=2)  # [dest rank] on 1
         send = send.transpose(0, 1).contiguous()
-        got = all_to_all_single_autograd(send, None, None, self.group)  # [source = heads]
+        got = all_to_all(send, None, None, self.group)  # [source = heads]
         return got.permute(1, 2, 3, 0, 4, 5).reshape(batch, 2 * chunk, n * heads, dim)
 
 

@@ -3,7 +3,8 @@ routed experts of every MoE block and computes them for the tokens every rank of
 routed there.
 
 Layout (:func:`~hyper_core.parallel.setup.expert_parallel_meshes`): the data-parallel ranks
-``dp_shard = efsdp × ep`` form a root mesh ``(efsdp, ep)``. Every parameter of a block's
+``dp_shard = efsdp × ep`` (``dp_shard × cp`` with ``[parallel] cp``) form a root mesh
+``(efsdp, ep)``. Every parameter of a block's
 routed-experts module (dim 0 = expert) becomes a DTensor ``Shard(0)`` on the ``ep`` mesh, and
 FSDP2 shards these over ``efsdp`` (dim 1) as its own unit; all other weights are FSDP-sharded
 over the whole ``dp_shard`` mesh as without EP. Checkpoints (DCP) and exports see the full
@@ -225,7 +226,8 @@ def ep_experts_forward(
     """The routed experts' output for ``hidden_states`` (see the module doc)."""
     import torch
     import torch.distributed as tdist
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    from .all_to_all import all_to_all
 
     ep, num_experts = shard.ep, shard.num_experts
     per_rank = num_experts // ep
@@ -241,15 +243,15 @@ def ep_experts_forward(
     send_splits, recv_splits = (
         torch.stack([counts, received]).view(2, ep, per_rank).sum(-1).tolist()
     )  # the one host sync of the block
-    tokens = all_to_all_single_autograd(
-        hidden_states.index_select(0, token_of), recv_splits, send_splits, shard.group
+    tokens = all_to_all(
+        hidden_states.index_select(0, token_of), send_splits, recv_splits, shard.group
     )
     local_ids = torch.arange(per_rank, device=flat.device).repeat(ep)
     local_ids = torch.repeat_interleave(local_ids, received).unsqueeze(-1)
     ones = torch.ones(local_ids.shape, dtype=top_k_weights.dtype, device=flat.device)
     local = _LocalExperts(module, per_rank, ep)
     outputs = shard.local_forward(local, tokens, local_ids, ones)
-    back = all_to_all_single_autograd(outputs, send_splits, recv_splits, shard.group)
+    back = all_to_all(outputs, recv_splits, send_splits, shard.group)
     weights = top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
     combined = torch.zeros_like(hidden_states)
     return combined.index_add_(0, token_of, (back * weights).to(hidden_states.dtype))

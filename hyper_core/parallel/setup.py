@@ -83,16 +83,22 @@ def init_distributed(config: Any) -> DistEnv:
                 )
             ]
         )
-    if shard % par.ep:
-        raise ConfigError([("$.parallel.ep", f"{par.ep} does not divide dp_shard ({shard})")])
-    cp_mesh = None
+    if (shard * cp) % par.ep:
+        raise ConfigError(
+            [
+                (
+                    "$.parallel.ep",
+                    f"{par.ep} does not divide dp_shard ({shard})"
+                    + (f" × cp ({cp}) = {shard * cp}" if cp > 1 else ""),
+                )
+            ]
+        )
+    mesh = data_parallel_mesh(device.type, replicate, shard * cp)
+    cp_mesh = ep_mesh = expert_mesh = None
     if par.ep > 1:
-        mesh, ep_mesh, expert_mesh = expert_parallel_meshes(device.type, replicate, shard, par.ep)
-    elif cp > 1:
-        mesh, cp_mesh = context_parallel_meshes(device.type, replicate, shard, cp)
-        ep_mesh = expert_mesh = None
-    else:
-        mesh, ep_mesh, expert_mesh = data_parallel_mesh(device.type, replicate, shard), None, None
+        ep_mesh, expert_mesh = expert_parallel_meshes(mesh, replicate, par.ep)
+    if cp > 1:
+        cp_mesh = context_parallel_mesh(mesh, cp)
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
@@ -121,23 +127,24 @@ def data_parallel_mesh(device_type: str, replicate: int, shard: int) -> Any:
     return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
 
 
-def expert_parallel_meshes(device_type: str, replicate: int, shard: int, ep: int) -> tuple:
-    """``(data-parallel mesh, ep mesh, expert FSDP mesh)``: the data-parallel mesh with
-    ``dp_shard`` unflattened into ``(efsdp, ep)``, so the ``ep`` ranks of a group are
-    consecutive (one node when ``ep`` ≤ GPUs per node) and FSDP2 composes the expert shards
-    (DTensors on "ep") with its own over "efsdp" (and "dp_replicate")."""
-    mesh = data_parallel_mesh(device_type, replicate, shard)
+def expert_parallel_meshes(mesh: Any, replicate: int, ep: int) -> tuple:
+    """``(ep mesh, expert FSDP mesh)`` of the data-parallel ``mesh``: its "dp_shard" dim
+    unflattened into ``(efsdp, ep)``, so the ``ep`` ranks of a group are consecutive (one node
+    when ``ep`` ≤ GPUs per node) and FSDP2 composes the expert shards (DTensors on "ep") with
+    its own over "efsdp" (and "dp_replicate"). With ``[parallel] cp``, "dp_shard" spans the
+    cp ranks too: a cp group's ranks exchange tokens with their ep group like any other."""
+    shard = mesh["dp_shard"].size()
     experts = mesh._unflatten("dp_shard", (shard // ep, ep), ("efsdp", "ep"))
     if replicate > 1:
-        return mesh, experts["ep"], experts["dp_replicate", "efsdp"]
-    return mesh, experts["ep"], experts["efsdp"]
+        return experts["ep"], experts["dp_replicate", "efsdp"]
+    return experts["ep"], experts["efsdp"]
 
 
-def context_parallel_meshes(device_type: str, replicate: int, shard: int, cp: int) -> tuple:
-    """``(data-parallel mesh, cp mesh)``: FSDP2 shards over "dp_shard" = ``dp_shard × cp``
-    ranks (like torchtitan's flattened ``dp_shard_cp``: the ranks of a cp group hold
-    different shards of the weights and split the same rows), and the cp groups are its
-    consecutive runs of ``cp`` ranks (one node when ``cp`` ≤ GPUs per node), the "cp" dim of
-    "dp_shard" unflattened into ``(dp, cp)``."""
-    mesh = data_parallel_mesh(device_type, replicate, shard * cp)
-    return mesh, mesh._unflatten("dp_shard", (shard, cp), ("dp", "cp"))["cp"]
+def context_parallel_mesh(mesh: Any, cp: int) -> Any:
+    """The cp mesh of the data-parallel ``mesh``, whose "dp_shard" dim spans ``dp_shard ×
+    cp`` ranks: FSDP2 shards over all of them (like torchtitan's flattened ``dp_shard_cp``:
+    the ranks of a cp group hold different shards of the weights and split the same rows),
+    and the cp groups are its consecutive runs of ``cp`` ranks (one node when ``cp`` ≤ GPUs
+    per node), the "cp" dim of "dp_shard" unflattened into ``(dp, cp)``."""
+    shard = mesh["dp_shard"].size()
+    return mesh._unflatten("dp_shard", (shard // cp, cp), ("dp", "cp"))["cp"]

@@ -53,9 +53,10 @@ VARLEN = "--model.attn_implementation=varlen"
             'attn_implementation = "varlen"',
         ),
         (
-            ["--nproc-per-node", "4", "--parallel.cp=2", "--parallel.ep=2", VARLEN],
-            "$.parallel.cp: with 4 ranks (--nproc-per-node 4): 2 with ep = 2: context and "
-            "expert parallelism do not compose yet",
+            ["--nproc-per-node", "4", "--parallel.cp=2", "--parallel.ep=3", VARLEN],
+            "$.parallel.ep: with 4 ranks (--nproc-per-node 4): 3 does not divide dp_shard (2) "
+            "× cp (2) = 4: each group of ep ranks shares out the experts within one FSDP "
+            "shard group; try ep 2 or 4",
         ),
         (
             ["--nproc-per-node", "4", "--parallel.cp=2", "--parallel.dp_shard=4", VARLEN],
@@ -247,8 +248,7 @@ def test_ulysses_on_two_ranks_gives_the_unsplit_loss_and_gradients(
     rows: list[list[int]], attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``flash_varlen`` runs its kernel (stubbed by per-segment SDPA) over the gathered row."""
-    import torch.distributed._functional_collectives as fc
-
+    import hyper_core.parallel.all_to_all as exchange_module
     from hyper_core.attention import flash_varlen
 
     kernel_calls: list[dict[str, Any]] = []
@@ -262,7 +262,7 @@ def test_ulysses_on_two_ranks_gives_the_unsplit_loss_and_gradients(
     inputs, labels = _batch(rows)
     expected_loss, expected = _loss_and_grads(reference, inputs, labels)
 
-    monkeypatch.setattr(fc, "all_to_all_single_autograd", _fake_all_to_all)
+    monkeypatch.setattr(exchange_module, "all_to_all", _fake_all_to_all)
     exchange = _Exchange(2, threading.Barrier(2), [None, None])
     results: list[Any] = [None, None]
     errors: list[BaseException] = []

@@ -65,4 +65,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    from hyper_core.parallel.exit import exit_rank
+
     main(Path(sys.argv[1]))
+    exit_rank(0)  # no interpreter finalisation: see hyper_core.parallel.exit

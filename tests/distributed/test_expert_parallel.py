@@ -4,7 +4,8 @@ Tiny Qwen3-VL-MoE and tiny Kimi-K2.5, both with 8 routed experts, train 5 steps 
 (this process) and on 2 ranks (``ep = 2``) and 4 ranks (``dp_shard = 4, ep = 2`` and
 ``ep = 4``); each rank must hold only its experts. The 2-rank launch also covers routing so
 skewed that a rank receives no token, a checkpoint saved with ``ep = 2`` resumed with
-``ep = 1`` (2 ranks, and 1 rank), loading ``[model] path`` shard-wise, and the HF export.
+``ep = 1`` (2 ranks, and 1 rank), loading ``[model] path`` shard-wise, and the HF export;
+both launches also run Qwen3-VL-MoE under ``[parallel] cp = 2`` with expert parallelism.
 Two torchrun launches (2 and 4 ranks) run every multi-rank job.
 """
 
@@ -64,6 +65,16 @@ def path_config(model: str, root: Path, out: Path) -> dict[str, Any]:
     return cfg
 
 
+def cp_config(out: Path, **parallel: int) -> dict[str, Any]:
+    """:func:`moe_config` of Qwen3-VL-MoE with ``varlen`` attention (what ``[parallel] cp``
+    runs), under fsdp2 with ``parallel`` when given."""
+    cfg = moe_config("qwen", out)
+    cfg["model"]["attn_implementation"] = "varlen"
+    if parallel:
+        cfg["parallel"] = {"strategy": "fsdp2", "timeout_s": 60, **parallel}
+    return cfg
+
+
 def launch(jobs: list[dict[str, Any]], nproc: int, root: Path) -> None:
     jobs_file = root / f"jobs-{nproc}.json"
     jobs_file.write_text(json.dumps(jobs))
@@ -86,6 +97,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         train_here(moe_config("qwen", root / "qwen-skew-one"), plugins=[SkewedRouting()])
         for m in MODELS:  # 2 steps from the export of the 5 above, the sharded load's reference
             train_here(path_config(m, root, root / f"{m}-path-one"))
+        train_here(cp_config(root / "qwen-varlen-one"))  # the reference of the cp runs
     finally:
         torch.set_num_threads(threads)
     two = [
@@ -112,6 +124,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path_job = path_config(m, root, root / f"{m}-path-ep2")
         path_job["parallel"] = {"strategy": "fsdp2", "timeout_s": 60, "ep": 2}
         two.append({"config": path_job})
+    two.append({"config": cp_config(root / "qwen-cp2-ep2", cp=2, ep=2)})
     launch(two, 2, root)
     four = [
         {"config": ep_config(m, root / f"{m}-{layout}", LAYOUTS[layout][1]["ep"])}
@@ -119,6 +132,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for layout in LAYOUTS
         if LAYOUTS[layout][0] == 4
     ]
+    four.append({"config": cp_config(root / "qwen-s2-cp2-ep4", cp=2, ep=4)})
     launch(four, 4, root)
     return root
 
@@ -196,3 +210,18 @@ def test_export_of_an_ep_run_gives_its_logits(runs: Path) -> None:
         logits = model(input_ids=torch.tensor([PROBE_IDS]), use_cache=False).logits
     trained = torch.load(out / "probe_logits.pt", weights_only=True)
     assert torch.allclose(logits, trained, atol=1e-5), (logits - trained).abs().max()
+
+
+@pytest.mark.parametrize("run", ["qwen-cp2-ep2", "qwen-s2-cp2-ep4"])
+def test_context_parallel_composes_with_expert_parallel(runs: Path, run: str) -> None:
+    # cp = 2 splits each row (its images and Qwen3-VL's deepstack tokens) over 2 ranks, whose
+    # tokens go to the experts of an ep group: 2 ranks (ep = 2), and 4 ranks (dp_shard = 2,
+    # cp = 2, ep = 4, an ep group spanning both cp groups)
+    assert_close(losses(runs / run), losses(runs / "qwen-varlen-one"), 1e-5)
+    assert_close(grad_norms(runs / run), grad_norms(runs / "qwen-varlen-one"), 1e-5)
+    # every rank's decoder ran on half of each row, padded to a multiple of 2·cp
+    for rank in json.loads((runs / run / "tokens.json").read_text()):
+        assert rank["model"] <= 2 * rank["decoder"] <= rank["model"] + 3 * rank["rows"], rank
+    shapes = json.loads((runs / run / "shapes.json").read_text())
+    ep = 2 if run.endswith("ep2") else 4
+    assert all(local[0] == EXPERTS // ep for rank in shapes for local, _ in rank.values())

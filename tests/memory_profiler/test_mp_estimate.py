@@ -138,6 +138,24 @@ def test_activation_levers(seven_b: dict[str, Any]) -> None:
     assert packed.rows["activations"] > large.rows["activations"]
 
 
+def test_context_parallel_splits_the_decoder_tokens(seven_b: dict[str, Any]) -> None:
+    from hyper_memory_profiler.estimate import BatchShape
+
+    row = BatchShape(rows=1, seq_len=16384, samples=4, patches=4096, images=4)
+    cp = ('--model.attn_implementation="varlen"',)
+    one = _estimate(seven_b, 8, *cp, batch=row)
+    split = _estimate(seven_b, 8, *cp, "--parallel.cp=2", batch=row)
+    # FSDP2 shards over dp_shard (4) × cp (2): the same state per rank as 8 data shards
+    assert (split.layout.dp_shard, split.layout.cp, split.layout.param_shards) == (4, 2, 8)
+    assert split.rows["params"] == one.rows["params"]
+    # each rank runs the decoder on half of the row, and the replicated tower on all of it
+    acts, half = one.activations, split.activations
+    assert half["language_layers"] == acts["language_layers"] // 2
+    assert half["vision_blocks"] == acts["vision_blocks"]
+    assert split.loss.rows == -(-one.loss.rows // 2)
+    assert split.rows["activations"] < 0.6 * one.rows["activations"]
+
+
 def test_cli_fits_or_not(seven_b: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     from hyper_core.cli import main
 

@@ -12,7 +12,8 @@ root's parameters are unsharded) takes over the images of every training forward
 3. pixel patches go to their computing rank (``all_to_all_single`` with uneven splits);
 4. each rank runs the encoder **once** on its share, or on a zero-pixel copy of the smallest
    image when its share is empty, so FSDP2's per-block all-gathers stay matched;
-5. the per-image features return to their owners through :class:`_AllToAll`, whose backward
+5. the per-image features return to their owners through the core's differentiable
+   :func:`~hyper_core.parallel.all_to_all.all_to_all`, whose backward
    sends the gradients back the same way, so the encoder parameters get them on the rank that
    computed them; DDP/FSDP2 then reduce encoder gradients over ranks as usual, which gives the
    same sum as when every rank encodes its own images;
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as tdist
 
 from hyper_core.errors import DataError
+from hyper_core.parallel.all_to_all import all_to_all
 
 from .config import EncoderParallelConfig
 from .planner import image_cost, imbalance, loads, plan
@@ -49,52 +51,6 @@ if TYPE_CHECKING:
     from hyper_core.types import GetBatch, MicroBatch
 
 log = logging.getLogger("hyper_train.encoder_parallel")
-
-
-class _AllToAll(torch.autograd.Function):
-    """Rows to other ranks; backward sends the gradients of the received rows back.
-
-    The input may have more rows than it sends (a dummy's rows at the end): they get a zero
-    gradient, which still runs the encoder's backward on this rank.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        local: torch.Tensor,
-        send_rows: list[int],
-        recv_rows: list[int],
-        group: Any,
-    ) -> torch.Tensor:
-        ctx.send_rows, ctx.recv_rows, ctx.group = send_rows, recv_rows, group
-        ctx.local_shape = local.shape
-        sent = sum(send_rows)
-        out = local.new_empty((sum(recv_rows), *local.shape[1:]))
-        tdist.all_to_all_single(
-            out,
-            local[:sent].contiguous(),
-            output_split_sizes=recv_rows,
-            input_split_sizes=send_rows,
-            group=group,
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        sent = sum(ctx.send_rows)
-        back = grad.new_empty((sent, *grad.shape[1:]))
-        tdist.all_to_all_single(
-            back,
-            grad.contiguous(),
-            output_split_sizes=ctx.send_rows,
-            input_split_sizes=ctx.recv_rows,
-            group=ctx.group,
-        )
-        if sent == ctx.local_shape[0]:
-            return back, None, None, None
-        grad_local = grad.new_zeros(ctx.local_shape)
-        grad_local[:sent] = back
-        return grad_local, None, None, None
 
 
 @dataclass
@@ -361,7 +317,9 @@ class EncoderBalancer:
         feat_recv = [0] * world
         for img, rows in zip(outgoing, tokens, strict=True):
             feat_recv[assignment[gid[id(img)]]] += rows
-        received = _AllToAll.apply(packed, feat_send, feat_recv, self.group)
+        # a dummy's rows at the end of ``packed`` are not sent: they get a zero gradient,
+        # which still runs the encoder's backward on this rank
+        received = all_to_all(packed[: sum(feat_send)], feat_send, feat_recv, self.group)
         self._anchor = received[:0].sum()
         if not mine:
             return self._without_pixels(kwargs)

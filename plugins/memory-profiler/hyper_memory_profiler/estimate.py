@@ -728,17 +728,21 @@ class Layout:
     shards_parameters: bool
     #: ``[parallel] ep``: ranks the routed experts are split over.
     ep: int = 1
+    #: ``[parallel] cp``: ranks each row's decoder tokens are split over.
+    cp: int = 1
 
     @property
     def param_shards(self) -> int:
-        """Ranks each parameter is split over (1: replicated)."""
-        return self.dp_shard if self.shards_parameters and self.world_size > 1 else 1
+        """Ranks each parameter is split over (1: replicated); FSDP2 shards over the cp
+        ranks too."""
+        return self.dp_shard * self.cp if self.shards_parameters and self.world_size > 1 else 1
 
 
 def layout_for(config: Any, strategy: Any, world_size: int) -> Layout:
     """The layout of ``config`` on ``world_size`` ranks (``dp_shard = -1``: the rest)."""
     par = config.parallel
-    shard = par.dp_shard if par.dp_shard != -1 else max(world_size // par.dp_replicate, 1)
+    rest = max(world_size // (par.dp_replicate * par.cp), 1)
+    shard = par.dp_shard if par.dp_shard != -1 else rest
     return Layout(
         world_size=world_size,
         dp_replicate=par.dp_replicate,
@@ -746,7 +750,20 @@ def layout_for(config: Any, strategy: Any, world_size: int) -> Layout:
         strategy=par.strategy,
         shards_parameters=bool(getattr(strategy, "shards_parameters", False)),
         ep=par.ep,
+        cp=par.cp,
     )
+
+
+def context_parallel_share(batch: BatchShape, cp: int) -> BatchShape:
+    """The decoder's share of ``batch`` on one of ``cp`` ranks: each row padded to a multiple
+    of ``2·cp`` and split (:class:`~hyper_core.parallel.context_parallel.RowSplit`), the
+    labels split evenly (rounded up); the vision tower's patches stay whole (replicated)."""
+    if cp == 1:
+        return batch
+    step = 2 * cp
+    local = max(step, -(-batch.seq_len // step) * step) // cp
+    labels = None if batch.label_tokens is None else -(-batch.label_tokens // cp)
+    return replace(batch, seq_len=local, padding=-(-batch.padding // cp), label_tokens=labels)
 
 
 def default_batch(config: Any, adapter: Any, shape: ModelShape, model: Any) -> BatchShape:
@@ -846,14 +863,15 @@ def estimate_model(
     if batch.label_tokens is not None:  # counted: the share of this micro-batch
         label_fraction = batch.label_tokens / max(batch.tokens - batch.padding, 1)
     batch = batch.with_labels(label_fraction)
-    loss = loss_path(adapter, model, config, batch, label_fraction, label_source)
+    local = context_parallel_share(batch, layout.cp)  # this rank's decoder tokens
+    loss = loss_path(adapter, model, config, local, label_fraction, label_source)
     ckpt = bool(config.training.activation_checkpointing)
-    acts = activation_bytes(shape, batch, prec, ckpt, loss)
-    lora = 0 if ckpt else lora_activation_bytes(model, prec, batch, _vision_path(model, adapter))
+    acts = activation_bytes(shape, local, prec, ckpt, loss)
+    lora = 0 if ckpt else lora_activation_bytes(model, prec, local, _vision_path(model, adapter))
     if lora:
         acts["lora"] = lora
         acts["total"] += lora
-    tokens = batch.tokens
+    tokens = local.tokens
     if loss.mode == "chunked":
         rows = min(loss.rows, loss.chunk)
         transient = {"logits": chunk_peak_bytes(rows, shape.vocab, shape.text.hidden, prec)}

@@ -325,6 +325,8 @@ class RunProfiler:
             dp_shard=int(getattr(dist, "dp_shard", 1)),
             strategy=trainer.config.parallel.strategy,
             shards_parameters=bool(getattr(trainer.strategy, "shards_parameters", False)),
+            ep=int(getattr(dist, "ep", 1)),
+            cp=int(getattr(dist, "cp", 1)),
         )
         model = build_meta_model(trainer.config, trainer.adapter)
         counted = batch is not None and batch.label_tokens is not None

@@ -1,0 +1,44 @@
+"""A torchrun rank ends through ``exit_rank``: its ``atexit`` handlers run and its buffered
+output is written before ``os._exit`` skips the interpreter's finalisation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hyper_core.parallel.exit import is_torchrun_rank
+
+
+def test_exit_rank_runs_atexit_handlers_flushes_and_keeps_the_code(tmp_path: Path) -> None:
+    marker = tmp_path / "atexit.txt"
+    script = textwrap.dedent(
+        f"""
+        import atexit, sys
+        from pathlib import Path
+        from hyper_core.parallel.exit import exit_rank
+
+        atexit.register(lambda: Path({str(marker)!r}).write_text("ran"))
+        sys.stdout.write("buffered, no newline")
+        sys.stderr.write("err")
+        exit_rank(3)
+        print("not reached")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered, no newline" and proc.stderr == "err"
+    assert marker.read_text() == "ran"
+
+
+def test_only_torchrun_ranks_exit_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not is_torchrun_rank()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert is_torchrun_rank()
