@@ -9,14 +9,14 @@ load-balancing of ring/Ulysses implementations). Rows shorter than ``cp`` work: 
 hold only padding.
 
 Everything before the decoder runs on the whole row on every rank of the group: the
-embeddings, the vision tower and its merge into ``inputs_embeds`` (the tower is *replicated*
-across the group; scattering its output to the rank that holds its tokens is the next step),
-and the positions, Qwen-VL's mRoPE included (the packed runtime computes them per sample on
-the host). A forward pre-hook on the decoder (``get_decoder()``) then keeps this rank's
-tokens of ``input_ids``/``inputs_embeds`` and ``position_ids`` (so every token keeps its
-position), of Qwen3-VL's deepstack inputs (``visual_pos_masks`` and the rows of
-``deepstack_visual_embeds`` of its visual tokens), and gives the layers the whole padded
-row's sample boundaries (``cu_seq_lens_*``).
+embeddings, the merge of the vision tower's output into ``inputs_embeds`` (the tower itself
+runs on a share of the images on each rank, its outputs all-gathered:
+:mod:`~hyper_core.parallel.cp_vision`), and the positions, Qwen-VL's mRoPE included (the
+packed runtime computes them per sample on the host). A forward pre-hook on the decoder
+(``get_decoder()``) then keeps this rank's tokens of ``input_ids``/``inputs_embeds`` and
+``position_ids`` (so every token keeps its position), of Qwen3-VL's deepstack inputs
+(``visual_pos_masks`` and the rows of ``deepstack_visual_embeds`` of its visual tokens), and
+gives the layers the whole padded row's sample boundaries (``cu_seq_lens_*``).
 
 Expert parallelism composes: the MoE blocks are token-wise, so a rank's ep group exchanges
 the tokens it holds, whichever cp group the ranks are in (the ep groups are cut from the

@@ -86,6 +86,10 @@ class FSDP2(ParallelStrategy):
             from .context_parallel import install_context_parallel
 
             install_context_parallel(model, dist)
+            if plan.vision_encoder is not None:
+                from .cp_vision import split_vision_tower
+
+                split_vision_tower(model, plan.vision_encoder.module, dist)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)

@@ -6,7 +6,8 @@
 routes every token to experts 0 and 1 (:mod:`moe_routing`). Rank 0 writes, into each job's
 output_dir, ``shapes.json``: every rank's local and global shape of each expert weight, and
 ``probe_logits.pt``: the trained model's logits on fixed ids, and ``tokens.json``: every
-rank's count of the tokens given to the model and of those its first decoder layer ran on.
+rank's count of the tokens and patches given to the model, of the tokens its first decoder
+layer ran on and of the patches its vision tower encoded.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main(jobs_file: str) -> None:
     from moe_routing import SkewedRouting
 
     from hyper_core.config import load_config_dict
+    from hyper_core.parallel.cp_vision import SplitTower
     from hyper_core.plugins import get_plugin_host
     from hyper_core.trainer.trainer import Trainer
 
@@ -56,6 +58,8 @@ def main(jobs_file: str) -> None:
         with torch.no_grad():
             ids = torch.tensor([PROBE_IDS], device=trainer.dist.device)
             logits = model(input_ids=ids, use_cache=False).logits.float().cpu()
+        towers = [m.forward for m in model.modules() if isinstance(m.forward, SplitTower)]
+        seen["encoded"] = towers[0].patches_encoded if towers else seen["patches"]
         tokens = [None] * trainer.dist.world_size
         dist.all_gather_object(tokens, seen)
         if rank == 0:
@@ -69,14 +73,17 @@ def main(jobs_file: str) -> None:
 
 
 def count_decoder_tokens(model: Any) -> dict[str, int]:
-    """Counts, over training forwards, the rows and tokens given to the model and the tokens
-    its first decoder layer runs on (fewer under ``[parallel] cp``)."""
-    seen = {"model": 0, "rows": 0, "decoder": 0}
+    """Counts, over training forwards, the rows, tokens and vision patches given to the model
+    and the tokens its first decoder layer runs on (fewer under ``[parallel] cp``)."""
+    seen = {"model": 0, "rows": 0, "decoder": 0, "patches": 0}
 
     def model_tokens(module: Any, args: tuple, kwargs: dict) -> None:
         if module.training:
             seen["model"] += kwargs["input_ids"].numel()
             seen["rows"] += kwargs["input_ids"].shape[0]
+            for key in ("pixel_values", "pixel_values_videos"):
+                if kwargs.get(key) is not None:
+                    seen["patches"] += kwargs[key].shape[0]
 
     def layer_tokens(module: Any, args: tuple, kwargs: dict) -> None:
         if module.training:

@@ -59,12 +59,14 @@ def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
 
 
 def record_splits(trainer: Any) -> Callable[[], dict[str, int]]:
-    """Count, over the micro-batches this rank trains on, rows of odd length and the chunk
-    boundaries of the split that fall inside a sample and inside an image's tokens."""
+    """Count, over the micro-batches this rank trains on, rows of odd length, the chunk
+    boundaries of the split that fall inside a sample and inside an image's tokens, the
+    images' patches and those this rank's vision tower encoded."""
     from hyper_core.parallel.context_parallel import RowSplit
 
     image_token = getattr(trainer.unwrapped_model.config, "image_token_id", None)
     seen = {"micro_batches": 0, "odd_rows": 0, "cuts_in_samples": 0, "cuts_in_images": 0}
+    seen["patches"] = 0
     device_batch = trainer.device_batch
 
     def recording(mb: Any) -> Any:
@@ -73,6 +75,8 @@ def record_splits(trainer: Any) -> Callable[[], dict[str, int]]:
         chunk = RowSplit(CP, 0).padded_length(length) // (2 * CP)
         starts = {int(b) % length for b in mb.model_inputs["cu_seq_lens_q"].tolist()}
         seen["micro_batches"] += 1
+        pixels = mb.model_inputs.get("pixel_values")
+        seen["patches"] += 0 if pixels is None else pixels.shape[0]
         seen["odd_rows"] += ids.shape[0] * (length % 2)
         for cut in range(chunk, length, chunk):
             if cut not in starts:
@@ -83,7 +87,16 @@ def record_splits(trainer: Any) -> Callable[[], dict[str, int]]:
         return device_batch(mb)
 
     trainer.device_batch = recording
-    return lambda: seen
+
+    def result() -> dict[str, int]:
+        from hyper_core.parallel.cp_vision import SplitTower
+
+        towers = [m.forward for m in trainer.unwrapped_model.modules()]
+        split = [t for t in towers if isinstance(t, SplitTower)]
+        seen["patches_encoded"] = split[0].patches_encoded if split else -1
+        return seen
+
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +127,8 @@ def test_cp_rows_were_cut_inside_samples_and_images(runs: Path, model: str) -> N
     assert seen["cuts_in_samples"] > 0
     if model == "vl":
         assert seen["cuts_in_images"] > 0
+        # rank 0 encoded its share of the images only (hyper_core.parallel.cp_vision)
+        assert 0 < seen["patches_encoded"] < seen["patches"], seen
     else:
         assert seen["odd_rows"] > 0
 

@@ -219,9 +219,15 @@ def test_context_parallel_composes_with_expert_parallel(runs: Path, run: str) ->
     # cp = 2, ep = 4, an ep group spanning both cp groups)
     assert_close(losses(runs / run), losses(runs / "qwen-varlen-one"), 1e-5)
     assert_close(grad_norms(runs / run), grad_norms(runs / "qwen-varlen-one"), 1e-5)
-    # every rank's decoder ran on half of each row, padded to a multiple of 2·cp
-    for rank in json.loads((runs / run / "tokens.json").read_text()):
+    # every rank's decoder ran on half of each row, padded to a multiple of 2·cp, and the two
+    # ranks of a cp group shared out the encoding of its images
+    ranks = json.loads((runs / run / "tokens.json").read_text())
+    for rank in ranks:
         assert rank["model"] <= 2 * rank["decoder"] <= rank["model"] + 3 * rank["rows"], rank
+    for first, second in zip(ranks[::2], ranks[1::2], strict=True):
+        assert first["patches"] == second["patches"] > 0
+        assert first["encoded"] + second["encoded"] == first["patches"], (first, second)
+        assert 0 < first["encoded"] < first["patches"], first
     shapes = json.loads((runs / run / "shapes.json").read_text())
     ep = 2 if run.endswith("ep2") else 4
     assert all(local[0] == EXPERTS // ep for rank in shapes for local, _ in rank.values())

@@ -1,6 +1,8 @@
 """2 fsdp2 ranks whose micro-batches mix text, images and videos differently (one rank's has
 images only while the other's has both) stay in step (the vision filler makes every forward
-run the tower twice) and train with the 1-rank losses. The job runs in the shared launch."""
+run the tower twice) and train with the 1-rank losses; so does the same run under
+``[parallel] cp = 2``, whose ranks share out the encoding of every row's images and videos.
+The jobs run in the shared launch."""
 
 from __future__ import annotations
 
@@ -61,11 +63,11 @@ def mixed_media_data(root: Path) -> str:
     return str(path)
 
 
-def _config(out: Path, data: str, **parallel: Any) -> dict[str, Any]:
+def _config(out: Path, data: str, attn: str = "sdpa", **parallel: Any) -> dict[str, Any]:
     options = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8}
     return vl_config(
         out,
-        model={"options": options},
+        model={"options": options, "attn_implementation": attn},
         data={"train": data, "shuffle": False},
         training={"steps": 3},
         parallel=parallel,
@@ -73,9 +75,14 @@ def _config(out: Path, data: str, **parallel: Any) -> dict[str, Any]:
 
 
 def two_rank_jobs(root: Path) -> list[dict[str, Any]]:
-    """This module's job of the shared 2-rank launch (``conftest.two_rank_runs``)."""
+    """This module's jobs of the shared 2-rank launch (``conftest.two_rank_runs``): the
+    mixed run on 2 fsdp2 ranks, and under ``[parallel] cp = 2`` (both ranks read every row
+    and share out its images' and videos' encoding)."""
     data = mixed_media_data(root / "data")
-    return [{"config": _config(root / "fsdp2", data, strategy="fsdp2")}]
+    return [
+        {"config": _config(root / "fsdp2", data, strategy="fsdp2")},
+        {"config": _config(root / "cp", data, "varlen", strategy="fsdp2", cp=2)},
+    ]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -84,6 +91,17 @@ def test_mixed_images_and_videos_on_two_fsdp2_ranks_match_one_rank(
 ) -> None:
     train_here(_config(tmp_path / "one", mixed_media_data(tmp_path / "data")))
     two = two_rank_runs.dir(__name__) / "fsdp2"
+    assert len(losses(two)) == 3
+    assert_close(losses(two), losses(tmp_path / "one"), 1e-5)
+    assert_close(grad_norms(two), grad_norms(tmp_path / "one"), 1e-5)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_mixed_images_and_videos_under_context_parallel_match_one_rank(
+    two_rank_runs: TwoRankRuns, tmp_path: Path
+) -> None:
+    train_here(_config(tmp_path / "one", mixed_media_data(tmp_path / "data"), "varlen"))
+    two = two_rank_runs.dir(__name__) / "cp"
     assert len(losses(two)) == 3
     assert_close(losses(two), losses(tmp_path / "one"), 1e-5)
     assert_close(grad_norms(two), grad_norms(tmp_path / "one"), 1e-5)

@@ -163,3 +163,35 @@ def test_one_rank_is_a_no_op(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
         ours = [cb for cb in run.trainer.callbacks if isinstance(cb, EncoderParallelRun)]
         assert len(ours) == (name in ("on", "strategy")), name
         assert all(cb.balancer is None for cb in ours)  # one rank: nothing installed
+
+
+def test_context_parallel_is_refused_before_the_strategy_applies() -> None:
+    # [parallel] cp shares out the tower over each cp group itself (hyper_core.parallel.cp_vision)
+    from hyper_core.adapters.base import ParallelPlan, VisionEncoderSpec
+    from hyper_core.parallel.env import DistEnv
+    from hyper_encoder_parallel.config import EncoderParallelConfig
+
+    class Adapter:
+        name = "vl"
+
+        def parallel_plan(self, model: Any) -> ParallelPlan:
+            return ParallelPlan(
+                sharding_units=(), vision_encoder=VisionEncoderSpec(module="visual")
+            )
+
+        def split_vision_inputs(self, model_inputs: Any) -> list[dict[str, Any]]:
+            return []
+
+        def call_vision_encoder(self, model: Any, vision_inputs: Any) -> Any:
+            return None
+
+        def inject_vision_outputs(self, model_inputs: Any, outputs: Any) -> dict[str, Any]:
+            return {}
+
+    run = EncoderParallelRun(EncoderParallelConfig(enabled=True), "$.encoder_parallel.enabled")
+    hook = run.parallelize_model(None, Adapter(), DistEnv(world_size=2, cp=2), None)
+    with pytest.raises(ConfigError, match=r"\$\.encoder_parallel\.enabled: does not combine"):
+        next(hook)
+    # without cp the strategy runs (the wrapper yields to it)
+    hook = run.parallelize_model(None, Adapter(), DistEnv(world_size=2), None)
+    next(hook)

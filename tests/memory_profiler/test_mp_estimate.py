@@ -148,10 +148,10 @@ def test_context_parallel_splits_the_decoder_tokens(seven_b: dict[str, Any]) -> 
     # FSDP2 shards over dp_shard (4) × cp (2): the same state per rank as 8 data shards
     assert (split.layout.dp_shard, split.layout.cp, split.layout.param_shards) == (4, 2, 8)
     assert split.rows["params"] == one.rows["params"]
-    # each rank runs the decoder on half of the row, and the replicated tower on all of it
+    # each rank runs the decoder on half of the row, and the tower on half of its patches
     acts, half = one.activations, split.activations
     assert half["language_layers"] == acts["language_layers"] // 2
-    assert half["vision_blocks"] == acts["vision_blocks"]
+    assert half["vision_blocks"] == acts["vision_blocks"] // 2
     assert split.loss.rows == -(-one.loss.rows // 2)
     assert split.rows["activations"] < 0.6 * one.rows["activations"]
 

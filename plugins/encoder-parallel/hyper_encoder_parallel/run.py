@@ -118,6 +118,16 @@ class EncoderParallelRun:
         """Apply the strategy, then hook the model's forward to balance its vision encoder."""
         plan = adapter.parallel_plan(model)
         check_vision_encoder(adapter, plan, self.path)
+        if getattr(dist, "cp", 1) > 1:
+            raise ConfigError(
+                [
+                    (
+                        self.path,
+                        f"does not combine with [parallel] cp = {dist.cp}, which shares out "
+                        "the vision encoder over each cp group's ranks itself",
+                    )
+                ]
+            )
         result = yield
         if dist.world_size == 1:
             log.info("encoder_parallel: one rank, nothing to balance (no-op)")

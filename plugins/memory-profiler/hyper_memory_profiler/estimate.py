@@ -755,15 +755,23 @@ def layout_for(config: Any, strategy: Any, world_size: int) -> Layout:
 
 
 def context_parallel_share(batch: BatchShape, cp: int) -> BatchShape:
-    """The decoder's share of ``batch`` on one of ``cp`` ranks: each row padded to a multiple
-    of ``2·cp`` and split (:class:`~hyper_core.parallel.context_parallel.RowSplit`), the
-    labels split evenly (rounded up); the vision tower's patches stay whole (replicated)."""
+    """One of ``cp`` ranks' share of ``batch``: each row padded to a multiple of ``2·cp``
+    and split (:class:`~hyper_core.parallel.context_parallel.RowSplit`), the labels, images
+    and patches split evenly (rounded up; the tower's share,
+    :mod:`~hyper_core.parallel.cp_vision`)."""
     if cp == 1:
         return batch
     step = 2 * cp
     local = max(step, -(-batch.seq_len // step) * step) // cp
     labels = None if batch.label_tokens is None else -(-batch.label_tokens // cp)
-    return replace(batch, seq_len=local, padding=-(-batch.padding // cp), label_tokens=labels)
+    return replace(
+        batch,
+        seq_len=local,
+        padding=-(-batch.padding // cp),
+        label_tokens=labels,
+        patches=-(-batch.patches // cp),
+        images=-(-batch.images // cp),
+    )
 
 
 def default_batch(config: Any, adapter: Any, shape: ModelShape, model: Any) -> BatchShape:
