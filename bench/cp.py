@@ -114,7 +114,10 @@ def worker(sample_len: int) -> None:
 
 def _measure(cp: int, sample_len: int) -> int:
     """The largest rank's activation bytes with ``cp`` ranks."""
-    code = f"from bench.cp import worker; worker({sample_len})"
+    code = (
+        "from hyper_core.parallel.exit import exit_rank\n"
+        f"from bench.cp import worker\nworker({sample_len})\nexit_rank(0)\n"
+    )
     script = Path(tempfile.mkdtemp()) / "cp_worker.py"
     script.write_text(code + "\n")
     if cp == 1:

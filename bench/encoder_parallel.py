@@ -268,6 +268,9 @@ def _worker(jobs_file: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        from hyper_core.parallel.exit import exit_rank
+
         _worker(sys.argv[2])
+        exit_rank(0)  # no interpreter finalisation: see hyper_core.parallel.exit
     else:
         sys.exit("usage: python -m bench encoder_parallel")

@@ -36,6 +36,12 @@ class VisionEncoderSpec:
 
     module: str
     input_keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")
+    #: The model-input keys of videos, for a tower that takes a video like an image (its
+    #: frames' patches and metadata under these keys, in the order of :attr:`input_keys`):
+    #: :meth:`~VisionEncoderAdapter.split_vision_inputs` then gives the images, then one
+    #: entry per video, and :meth:`~VisionEncoderAdapter.inject_vision_outputs` takes the
+    #: outputs of both. Empty: the encoder takes images only.
+    video_keys: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -251,8 +257,10 @@ class VisionEncoderAdapter(Protocol):
         """Per-image vision inputs of a micro-batch (for encoder parallelism).
 
         One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
-        dicts' tensors along dim 0 gives back the inputs of several images. Encoder parallelism
-        calls it with the micro-batch's host (CPU) tensors, so it must work on them.
+        dicts' tensors along dim 0 gives back the inputs of several images. With
+        :attr:`VisionEncoderSpec.video_keys`, one dict per video follows the images, under the
+        same keys. Encoder parallelism calls it with the micro-batch's host (CPU) tensors, so
+        it must work on them.
         """
         ...
 
@@ -272,7 +280,8 @@ class VisionEncoderAdapter(Protocol):
     ) -> dict[str, Any]:
         """Model inputs that carry precomputed encoder ``outputs`` instead of the pixels.
 
-        :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
+        ``outputs`` holds every entry of :meth:`split_vision_inputs` in its order (images, then
+        videos). :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
         convention (``mm_encoder_outputs``).
         """
         ...

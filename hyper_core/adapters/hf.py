@@ -159,6 +159,9 @@ class HFModelAdapter(ModelAdapter):
     projector_module: ClassVar[str | None] = None
     language_module: ClassVar[str] = ""
     vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    #: Videos' keys, for a tower that takes a video like an image
+    #: (:attr:`~hyper_core.adapters.base.VisionEncoderSpec.video_keys`); empty: images only.
+    vision_video_keys: ClassVar[tuple[str, ...]] = ()
     logits_at_labels_only: ClassVar[bool] = True
     #: How the default :meth:`transform` renders conversations (set by VL adapters).
     chat_format: ClassVar[ChatFormat | None] = None
@@ -306,7 +309,11 @@ class HFModelAdapter(ModelAdapter):
         """Sharding units from :attr:`sharding_units`; the vision encoder if declared."""
         vision = None
         if self.vision_module is not None:
-            vision = VisionEncoderSpec(module=self.vision_module, input_keys=self.vision_input_keys)
+            vision = VisionEncoderSpec(
+                module=self.vision_module,
+                input_keys=self.vision_input_keys,
+                video_keys=self.vision_video_keys,
+            )
         return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
 
     # -- data -------------------------------------------------------------------------------
@@ -371,22 +378,27 @@ class HFModelAdapter(ModelAdapter):
         return features
 
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image.
+        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image, then (with
+        :attr:`vision_video_keys`) one per video under the same keys.
 
         Encoder parallelism calls it with the micro-batch's host tensors, so reading the patch
         counts waits for no device."""
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-        pixel_values = model_inputs.get("pixel_values")
-        grid = model_inputs.get("image_grid_thw")
-        if pixel_values is None or grid is None or not len(grid):
-            return []
-        # one read of all the patch counts (on a device tensor, one wait, not one per image)
-        chunks = pixel_values.split(grid.prod(dim=-1).tolist(), dim=0)
-        return [
-            {"pixel_values": chunk, "image_grid_thw": grid[i : i + 1]}
-            for i, chunk in enumerate(chunks)
-        ]
+        patches_key, grid_key = self.vision_input_keys
+        items = []
+        for source in (self.vision_input_keys, self.vision_video_keys):
+            if not source:
+                continue
+            pixels, grid = model_inputs.get(source[0]), model_inputs.get(source[1])
+            if pixels is None or grid is None or not len(grid):
+                continue
+            # one read of all the patch counts (on a device tensor, one wait, not one each)
+            chunks = pixels.split(grid.prod(dim=-1).tolist(), dim=0)
+            items += [
+                {patches_key: chunk, grid_key: grid[i : i + 1]} for i, chunk in enumerate(chunks)
+            ]
+        return items
 
     def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
         """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``: tower
@@ -400,12 +412,24 @@ class HFModelAdapter(ModelAdapter):
     def inject_vision_outputs(
         self, model_inputs: Mapping[str, Any], outputs: Any
     ) -> dict[str, Any]:
-        """``pixel_values`` dropped, ``mm_encoder_outputs={"image": outputs}`` added (the
-        other keys, e.g. ``image_grid_thw``, stay for the position ids)."""
+        """The pixels dropped, ``mm_encoder_outputs={"image": ..., "video": ...}`` added: the
+        first entries of ``outputs`` are the images (as many as ``image_grid_thw`` rows), the
+        rest the videos. The other keys, e.g. the grids, stay for the position ids."""
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-        inputs = {k: v for k, v in model_inputs.items() if k != "pixel_values"}
-        inputs["mm_encoder_outputs"] = {"image": outputs}
+        pixels = {self.vision_input_keys[0], *self.vision_video_keys[:1]}
+        inputs = {k: v for k, v in model_inputs.items() if k not in pixels}
+        video_grid = model_inputs.get(self.vision_video_keys[1]) if self.vision_video_keys else None
+        if video_grid is None or not len(video_grid):
+            inputs["mm_encoder_outputs"] = {"image": outputs}
+            return inputs
+        image_grid = model_inputs.get(self.vision_input_keys[1])
+        images = 0 if image_grid is None else len(image_grid)
+        total = images + len(video_grid)
+        found = {"video": take_entries(outputs, images, total, total)}
+        if images:
+            found["image"] = take_entries(outputs, 0, images, total)
+        inputs["mm_encoder_outputs"] = found
         return inputs
 
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
@@ -447,3 +471,22 @@ class HFModelAdapter(ModelAdapter):
         from ..export import hf_layout
 
         return hf_layout(import_ref(self.model_class), hf_config)
+
+
+def take_entries(outputs: Any, start: int, stop: int, count: int) -> Any:
+    """A copy of the encoder ``outputs`` (a ``ModelOutput`` over ``count`` images/videos:
+    ``pooler_output`` a sequence of one tensor per entry, Qwen3-VL's ``deepstack_features``
+    a list of such sequences) holding entries ``start:stop`` only; fields that are not per
+    entry (``last_hidden_state``, concatenated over patches) are left out."""
+    import torch
+
+    def per_entry(value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and len(value) == count
+
+    fields: dict[str, Any] = {}
+    for key, value in outputs.items():
+        if per_entry(value) and all(isinstance(v, torch.Tensor) for v in value):
+            fields[key] = tuple(value[start:stop])
+        elif isinstance(value, (list, tuple)) and value and all(per_entry(v) for v in value):
+            fields[key] = [tuple(v[start:stop]) for v in value]
+    return type(outputs)(**fields)

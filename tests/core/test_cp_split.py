@@ -298,3 +298,24 @@ def test_ulysses_on_two_ranks_gives_the_unsplit_loss_and_gradients(
     for name, grad in expected.items():
         total = results[0][1][name] + results[1][1][name]
         torch.testing.assert_close(total, grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("patches", "cp", "expected"),
+    [
+        ([4, 4, 4, 4], 2, [(0, 2), (2, 4)]),
+        ([1, 1, 10], 2, [(0, 2), (2, 3)]),  # the big one alone
+        ([10, 1, 1], 2, [(0, 1), (1, 3)]),
+        ([16], 2, [(0, 1), (1, 1)]),  # fewer images than ranks: rank 1 runs a dummy
+        ([4, 4, 4], 4, [(0, 1), (1, 2), (2, 2), (2, 3)]),
+    ],
+)
+def test_tower_shares_are_contiguous_and_balanced(
+    patches: list[int], cp: int, expected: list[tuple[int, int]]
+) -> None:
+    from hyper_core.parallel.cp_vision import image_shares
+
+    shares = image_shares(patches, cp)
+    assert shares == expected
+    # every image once, in order (the all-gather in rank order is the images' order)
+    assert [i for start, stop in shares for i in range(start, stop)] == list(range(len(patches)))

@@ -54,8 +54,14 @@ def write_images(root: Path) -> None:
 
 
 def conversation(images: Sequence[str], i: int) -> dict[str, Any]:
-    """A one-turn conversation with ``images`` (relative paths) and a short answer."""
-    content: list[dict[str, str]] = [{"type": "image", "image": name} for name in images]
+    """A one-turn conversation with ``images`` (relative paths; ``v:NAME``: a 4-frame video
+    of that picture) and a short answer."""
+    content: list[dict[str, Any]] = [
+        {"type": "video", "video": [name[2:]] * 4}
+        if name.startswith("v:")
+        else {"type": "image", "image": name}
+        for name in images
+    ]
     content.append({"type": "text", "text": f"Question {i}: what is shown?"})
     answers = ["a red circle", "a blue square", "green", "a purple triangle", "orange"]
     return {
@@ -85,8 +91,16 @@ def layout(kind: str) -> list[list[str]]:
       holds a single image (below ``min_images``: no rebalancing, rank 1 runs a dummy).
     * ``three`` (3 ranks, global batch 6, one micro-batch each): only rank 0 has images, two
       at even steps (one rank computes nothing and runs a dummy), four at odd steps.
+    * ``video``: rank 0 has images and 4-frame videos (``v:``) in every micro-batch, rank 1
+      one small image per step.
     """
     samples: list[list[str]] = []
+    if kind == "video":
+        for step in range(STEPS):
+            big = BIG[step % len(BIG)]
+            rank0 = [[f"v:{big}", "s56.png"], ["v:r84x112.png"], ["s112.png"], ["v:s56.png", big]]
+            samples += [*rank0, [], [SMALL[step % 2]], [], []]
+        return samples
     if kind == "three":
         for step in range(STEPS):
             second = ["r84x112.png", "s56.png"] if step % 2 else []

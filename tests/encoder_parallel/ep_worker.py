@@ -58,4 +58,7 @@ def main(jobs_file: str) -> None:
 
 
 if __name__ == "__main__":
+    from hyper_core.parallel.exit import exit_rank
+
     main(sys.argv[1])
+    exit_rank(0)  # no interpreter finalisation: see hyper_core.parallel.exit

@@ -5,7 +5,8 @@ is learned. Per-step losses and every parameter's gradient match within 1e-5:
 * rank 1 without any image (and a micro-step without images anywhere): plugin on == one rank
   on the same global batch (without the plugin such data breaks ddp and fsdp2: the rank
   without images skips the encoder's collectives);
-* installed but not enabled == excluded by ``HYPER_TRAIN_PLUGINS``: bit-identical.
+* installed but not enabled == excluded by ``HYPER_TRAIN_PLUGINS``: bit-identical;
+* images and 4-frame videos on rank 0 (a small image on rank 1): plugin on == one rank.
 
 Every job runs in one torchrun launch; a 3-rank launch covers a rank that computes nothing.
 """
@@ -32,6 +33,12 @@ pytestmark = [pytest.mark.slow, needs_vl]
 
 TOL = 1e-5
 ON = {"encoder_parallel": {"enabled": True}}
+#: Small videos (4 frames of 56-112 px, at most 8 merged tokens a frame pair).
+VIDEO_MODEL = {
+    "adapter": "qwen2_5_vl",
+    "config": "tiny",
+    "options": {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8},
+}
 
 
 #: Jobs that also count host syncs per step (:mod:`ep_syncs`).
@@ -63,6 +70,9 @@ def _jobs(root: Path, data: dict[str, Path]) -> dict[str, dict[str, Any]]:
         ),
         # The strategy route: `encoder_parallel` over its default base, fsdp2.
         "fsdp2-on-none": job("fsdp2-on-none", "none", parallel={"strategy": "encoder_parallel"}),
+        "fsdp2-on-video": job(
+            "fsdp2-on-video", "video", parallel={"strategy": "fsdp2"}, model=VIDEO_MODEL, **ON
+        ),
     }
 
 
@@ -86,11 +96,13 @@ def _train_one_rank(out: Path, raw: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("encoder_parallel")
-    data = {kind: write_dataset(root / "data", kind) for kind in ("skew", "none")}
+    data = {kind: write_dataset(root / "data", kind) for kind in ("skew", "none", "video")}
     (root / "jobs.json").write_text(json.dumps(_jobs(root, data)))
     proc = torchrun(HERE / "ep_worker.py", [str(root / "jobs.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     _train_one_rank(root / "one-rank-none", vl_config(root / "one-rank-none", data["none"]))
+    video = vl_config(root / "one-rank-video", data["video"], model=VIDEO_MODEL)
+    _train_one_rank(root / "one-rank-video", video)
     return root
 
 
@@ -205,3 +217,15 @@ def test_three_ranks_with_one_computing_nothing(three_ranks: Path) -> None:
     for m in read_metrics(out):
         assert m["encoder_parallel/imbalance_before"] == pytest.approx(3.0)
         assert m["encoder_parallel/imbalance_after"] < 2.0
+
+
+def test_videos_are_balanced_like_images(root: Path) -> None:
+    # a video is one entry of the encoder's work (its frames' patches); the adapter injects
+    # the outputs of images and videos apart (mm_encoder_outputs "image" and "video")
+    on = root / "fsdp2-on-video"
+    assert_same_training(on, root / "one-rank-video")
+    r0, r1 = stats(on)
+    assert (r0["images_owned"], r1["images_owned"]) == (6 * STEPS, STEPS)  # videos count
+    assert r1["images_computed"] > r1["images_owned"]
+    assert r0["encoder_calls"] == r1["encoder_calls"] == 2 * STEPS
+    assert all(m["encoder_parallel/rebalanced"] > 0 for m in read_metrics(on))

@@ -104,3 +104,60 @@ def test_features_from_separate_calls_reproduce_the_forward(family: str, tmp_pat
     assert sorted(grads) == sorted(ref_grads)
     worst = max((grads[k] - ref_grads[k]).abs().max().item() for k in grads)
     assert worst <= 1e-5, worst
+
+
+@needs_vl
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_videos_are_entries_after_the_images(family: str, tmp_path: Path) -> None:
+    """A micro-batch with 2 images and 2 videos: the adapter splits 4 entries (images first),
+    one encoder call over all of them (the tower takes a video's frames like an image's
+    patches) injected back gives the forward's loss and gradients."""
+    from hyper_core.batching.base import BatchingOptions
+    from hyper_core.batching.packed import PackedRuntime
+    from hyper_core.config.schema import ModelConfig
+    from hyper_core.plugins import get_plugin_host
+
+    write_images(tmp_path)
+    adapter = get_plugin_host().registries.model_adapters.get(family)()
+    options = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8}
+    model_config = ModelConfig(adapter=family, config="tiny", options=options)
+    torch.manual_seed(0)
+    model = adapter.build_model(model_config)
+    assets = adapter.build_assets(model_config)
+    source = {"file": str(tmp_path / "data.jsonl"), "line": 1}
+
+    def sample(content: list[dict[str, Any]], answer: str) -> dict[str, Any]:
+        question = {"type": "text", "text": "What is it?"}
+        return {
+            "messages": [
+                {"role": "user", "content": [*content, question]},
+                {"role": "assistant", "content": answer},
+            ],
+            "_source": source,
+        }
+
+    video = {"type": "video", "video": [str(tmp_path / "s56.png")] * 4}
+    samples = [
+        sample([{"type": "image", "image": "s112.png"}, video], "a red circle"),
+        sample([video, {"type": "image", "image": "r84x140.png"}], "blue"),
+    ]
+    features = [adapter.transform(s, assets, max_seq_len=512) for s in samples]
+    pad = assets.pad_token_id
+    batching = BatchingOptions(micro_batch_size=2, max_seq_len=512, pad_token_id=pad)
+    mb = PackedRuntime(batching).make_micro_batch(features)
+    inputs, n_tokens = mb.model_inputs, mb.num_loss_tokens
+    assert inputs["pixel_values_videos"] is not None
+    ref_loss, ref_grads = _loss_and_grads(model, inputs, mb.loss_inputs, n_tokens)
+
+    entries = adapter.split_vision_inputs(inputs)
+    assert len(entries) == 4 and all(set(e) == set(KEYS) for e in entries)
+    assert [int(e["image_grid_thw"][0, 0]) for e in entries] == [1, 1, 2, 2]  # 4 frames: t = 2
+    outputs = adapter.call_vision_encoder(model, merge_inputs(entries, KEYS))
+    injected = adapter.inject_vision_outputs(inputs, outputs)
+    assert "pixel_values" not in injected and "pixel_values_videos" not in injected
+    assert sorted(injected["mm_encoder_outputs"]) == ["image", "video"]
+    loss, grads = _loss_and_grads(model, injected, mb.loss_inputs, n_tokens)
+    assert torch.allclose(loss, ref_loss, atol=1e-6, rtol=0)
+    assert sorted(grads) == sorted(ref_grads)
+    worst = max((grads[k] - ref_grads[k]).abs().max().item() for k in grads)
+    assert worst <= 1e-5, worst

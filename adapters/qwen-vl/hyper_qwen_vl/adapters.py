@@ -68,6 +68,8 @@ class QwenVLAdapter(HFModelAdapter):
     default_batching = "packed"
     sharding_units = ("model.language_model.layers.*", "model.visual.blocks.*")
     vision_module = "model.visual"
+    #: The tower takes a video's frames like an image's patches (``visual(patches, grid_thw)``).
+    vision_video_keys = ("pixel_values_videos", "video_grid_thw")
     projector_module = "model.visual.merger"
     #: Every projector module (Qwen3-VL adds the deepstack mergers); absent ones are skipped.
     projector_modules: ClassVar[tuple[str, ...]] = ("model.visual.merger",)

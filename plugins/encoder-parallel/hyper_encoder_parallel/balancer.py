@@ -112,10 +112,14 @@ class EncoderBalancer:
         device: torch.device,
         group: Any = None,
         host_group: Any = None,
+        video_keys: Sequence[str] = (),
     ) -> None:
         self.model = model
         self.adapter = adapter
         self.keys = tuple(input_keys)
+        #: The videos' keys (``VisionEncoderSpec.video_keys``), matching :attr:`keys` one to
+        #: one: the adapter splits and injects videos as entries after the images.
+        self.video_keys = tuple(video_keys)
         self.settings = settings
         self.rank = rank
         self.world = world_size
@@ -161,7 +165,7 @@ class EncoderBalancer:
         ) -> tuple[dict[str, Any], dict[str, Any]]:
             model_inputs, loss_inputs = get_batch(micro_batch)
             self._moved = None
-            if model_inputs.get(self.keys[0]) is not None:
+            if any(model_inputs.get(k) is not None for k in (self.keys[0], *self.video_keys[:1])):
                 moved = [v for v in model_inputs.values() if isinstance(v, torch.Tensor)]
                 self._moved = ([weakref.ref(t) for t in moved], micro_batch.model_inputs)
             return model_inputs, loss_inputs
@@ -173,12 +177,15 @@ class EncoderBalancer:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if not module.training or not torch.is_grad_enabled():
             return None
-        if kwargs.get("pixel_values_videos") is not None:
+        if not self.video_keys and any(
+            kwargs.get(k) is not None for k in ("pixel_values_videos", "video_grid_thw")
+        ):
             # Each rank would run the tower on its own videos inside the model, a number of
             # times no other rank knows: fail now rather than hang in FSDP's all-gathers.
             raise DataError(
-                "encoder_parallel balances images only and this micro-batch has videos; "
-                "train video data without [encoder_parallel]"
+                "encoder_parallel: this micro-batch has videos and the adapter's vision "
+                "encoder takes images only (its VisionEncoderSpec has no video_keys); train "
+                "video data without [encoder_parallel]"
             )
         return args, self.rebalance(kwargs)
 
@@ -250,8 +257,9 @@ class EncoderBalancer:
         """Every rank encodes its own images (a rank without any encodes a dummy)."""
         if images:
             self.stats.images_computed += len(images)
-            # the forward's own device inputs: all of this rank's images, concatenated
-            vision_inputs = {k: kwargs[k] for k in self.keys}
+            # the forward's own device inputs: all of this rank's images (then videos)
+            vision_inputs = self._vision_inputs(kwargs)
+            assert vision_inputs is not None  # it has images
             return self.adapter.inject_vision_outputs(kwargs, self._encode(vision_inputs))
         flat = FlatOutputs(self._encode(self._dummy(catalog, schema), dummy=True), 1)
         self._anchor = flat.pack()[:0].sum()
@@ -343,9 +351,10 @@ class EncoderBalancer:
         ``get_batch``) the device inputs are split, which waits for the device.
         """
         patch_key = self.keys[0]
-        patches = kwargs.get(patch_key)
-        if patches is None:
+        vision_inputs = self._vision_inputs(kwargs)
+        if vision_inputs is None:
             return []
+        patches = vision_inputs[patch_key]
         moved, self._moved = self._moved, None
         given = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
         if moved is not None and any(ref() is t for ref in moved[0] for t in given):
@@ -356,6 +365,19 @@ class EncoderBalancer:
                 return [{**img, patch_key: c} for img, c in zip(images, chunks, strict=True)]
         log.debug("encoder_parallel: image metadata read from the device")
         return self.adapter.split_vision_inputs(kwargs)
+
+    def _vision_inputs(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor] | None:
+        """The encoder's inputs for all of ``inputs``' images, then its videos: each of
+        :attr:`keys` with the matching video key's tensor concatenated after it; None when
+        there is neither."""
+        found: dict[str, torch.Tensor] = {}
+        for i, key in enumerate(self.keys):
+            video = self.video_keys[i] if i < len(self.video_keys) else None
+            parts = [inputs.get(k) for k in (key, video) if k is not None]
+            parts = [t for t in parts if isinstance(t, torch.Tensor)]
+            if parts:
+                found[key] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        return found if self.keys[0] in found else None
 
     def _encode(self, inputs: Mapping[str, Any], dummy: bool = False) -> Any:
         self.stats.encoder_calls += 1
@@ -370,7 +392,8 @@ class EncoderBalancer:
         return out
 
     def _without_pixels(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in kwargs.items() if k not in self.keys}
+        dropped = {*self.keys, *self.video_keys}
+        return {k: v for k, v in kwargs.items() if k not in dropped}
 
     def _dummy(self, catalog: list[_Image], schema: Schema) -> dict[str, torch.Tensor]:
         """Zero pixels shaped like the micro-step's smallest image (its gradient is zero)."""
@@ -431,6 +454,7 @@ def install(
     input_keys: Sequence[str],
     settings: EncoderParallelConfig,
     dist: Any,
+    video_keys: Sequence[str] = (),
 ) -> EncoderBalancer:
     """Balance ``model``'s encoder over all ranks (a collective: creates process groups).
 
@@ -451,6 +475,7 @@ def install(
         device=dist.device,
         group=group,
         host_group=host_group,
+        video_keys=video_keys,
     )
     balancer.install()
     return balancer

@@ -134,8 +134,9 @@ class EncoderParallelRun:
             return result
         from .balancer import install
 
+        spec = plan.vision_encoder
         self.balancer = install(
-            result, strategy, adapter, plan.vision_encoder.input_keys, self.settings, dist
+            result, strategy, adapter, spec.input_keys, self.settings, dist, spec.video_keys
         )
         if dist.is_main:
             log.info(
