@@ -1,9 +1,9 @@
-"""Context parallelism: activation memory per rank for one long packed row, cp = 1 vs 2.
+"""Context parallelism: activation memory per rank for one long packed row, cp = 1, 2 and 4.
 
 A small Qwen2-shaped decoder (hidden 256, 4 layers, 8 heads, 4 key/value heads, vocabulary
 1,024) in train mode runs forward and backward on one packed row (16 samples of 1,024 tokens
-= 16k tokens; ``ci``: 16 × 256), on 1 process and on 2 ranks (gloo) with ``[parallel] cp =
-2``, the model replicated (FSDP shards weights, not activations). Activation memory: the
+= 16k tokens; ``ci``: 16 × 256), on 1 process and on 2 and 4 ranks (gloo) with ``[parallel]
+cp``, the model replicated (FSDP shards weights, not activations). Activation memory: the
 bytes of the distinct storages autograd saves for backward during the forward (every tensor
 that ``saved_tensors_hooks`` sees, the weights excluded), i.e. what the forward holds at its
 end, the peak of a training step's activations, counted exactly (no allocator noise, no
@@ -144,12 +144,15 @@ def run(size: str = "full") -> Result:
     result = Result("cp", "context parallelism: activation bytes per rank, one long row")
     result.params = {**MODEL, "vocab": 1024, "row_tokens": SAMPLES * sample_len}
     result.params["samples_per_row"] = SAMPLES
-    for cp in (1, 2):
+    for cp in (1, 2, 4):
         result.figure(f"cp{cp}_activation_bytes_per_rank", "B").values.append(
             _measure(cp, sample_len)
         )
     result.ratios["cp2_vs_cp1_activation"] = Ratio(
         "cp2_activation_bytes_per_rank", "cp1_activation_bytes_per_rank", goal="<= 0.6"
+    )
+    result.ratios["cp4_vs_cp1_activation"] = Ratio(
+        "cp4_activation_bytes_per_rank", "cp1_activation_bytes_per_rank"
     )
     result.notes.append(
         "Ulysses keeps the whole row's q/k/v and attention output for heads / cp heads per "
