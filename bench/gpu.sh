@@ -10,6 +10,9 @@
 #                                # experts, top 8) on NPROC GPUs (default 1), expert parallel over
 #                                # all of them (ep = NPROC) when NPROC > 1
 #   bash bench/gpu.sh test       # the `gpu`-marked tests (pytest -m gpu)
+#   bash bench/gpu.sh profile    # the dense case for 6 steps, torch.profiler over steps 4-6:
+#                                # prints the op table (self CUDA time); the trace stays in
+#                                # RUN_DIR/profile/profile/trace-rank0.json
 #   bash bench/gpu.sh all        # test, dense, moe; a failing one does not stop the next
 #
 # Environment: PYTHON, a python with a CUDA build of torch (default python3); WHEELS, a folder
@@ -58,7 +61,7 @@ print(f"gpu.sh: {sys.argv[1]}, torch {torch.__version__}, transformers {transfor
 PY
 
 run_dense() {
-  local out=$1
+  local out=$1; shift
   # 3B shape: text 2048 x 36 layers (16 heads, 2 KV), MLP 11008; vision 1280 x 32, out 2048.
   local overrides='{text_config = {hidden_size = 2048, intermediate_size = 11008, num_hidden_layers = 36, num_attention_heads = 16, num_key_value_heads = 2, rope_parameters = {rope_type = "default", rope_theta = 1000000.0, mrope_section = [16, 24, 24]}}, vision_config = {hidden_size = 1280, intermediate_size = 3420, depth = 32, num_heads = 16, out_hidden_size = 2048}}'
   timeout "${TIMEOUT_S:-600}" $venv/bin/hyper-train run configs/qwen2_5_vl_demo.toml \
@@ -69,7 +72,12 @@ run_dense() {
     "--training.steps=${STEPS:-30}" --training.global_batch_size=28 --training.micro_batch_size=28 \
     --data.train='{format = "shapes", num_samples = 1000, image_size = 448}' --data.num_workers=4 \
     --data.eval_samples=56 --data.max_seq_len=8192 --logging.every_steps=10 \
-    --logging.progress=lines --checkpoint.resume=none --checkpoint.save_final=false
+    --logging.progress=lines --checkpoint.resume=none --checkpoint.save_final=false "$@"
+}
+
+run_profile() {  # where the dense step's time goes
+  run_dense "$1" --training.steps=6 --logging.every_steps=1 "--logging.profile_steps=[4,6]" \
+    --data.eval_samples=28 && head -60 "$1/profile/ops-rank0.txt"
 }
 
 run_moe() {
@@ -109,7 +117,8 @@ for case in $([ "${1:-dense}" = all ] && echo "test dense moe" || echo "${1:-den
     dense|moe)
       mkdir -p "$root/$case"
       if "run_$case" "$root/$case"; then report "$root/$case" "$case"; else status=1; fi ;;
-    *) echo "gpu.sh: unknown case '$case' (dense, moe, test, all)" >&2; exit 2 ;;
+    profile) mkdir -p "$root/profile"; run_profile "$root/profile" || status=1 ;;
+    *) echo "gpu.sh: unknown case '$case' (dense, moe, test, profile, all)" >&2; exit 2 ;;
   esac
 done
 exit $status

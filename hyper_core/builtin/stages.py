@@ -327,7 +327,8 @@ def build_checkpointer(
 
 @hookimpl
 def build_callbacks(config: Any, dist: Any) -> Any:
-    """The progress display (rank 0); the routing statistics of an expert-parallel run."""
+    """The progress display (rank 0); the routing statistics of an expert-parallel run; the
+    step profiler of ``[logging] profile_steps``."""
     from ..trainer.progress import Progress
 
     objects: list[Any] = [Progress(config, dist)] if dist.is_main else []
@@ -335,4 +336,9 @@ def build_callbacks(config: Any, dist: Any) -> Any:
         from ..parallel.moe_stats import ExpertParallelStats
 
         objects.append(ExpertParallelStats(config.parallel.ep))
+    if config.logging.profile_steps:
+        from ..trainer.profile import StepProfiler
+
+        first, last = config.logging.profile_steps
+        objects.append(StepProfiler(first, last, config.run.output_dir, dist.rank))
     return objects or None

@@ -51,6 +51,14 @@ def at_least(bound: float) -> Validator:
     return check
 
 
+def _check_step_window(value: list[int] | None) -> None:
+    """``None`` or ``[first, last]`` with ``1 <= first <= last``."""
+    if value is None:
+        return
+    if len(value) != 2 or not 1 <= value[0] <= value[1]:
+        raise ValueError(f"must be [first, last] with 1 <= first <= last, got {show(value)}")
+
+
 def greater_than(bound: float) -> Validator:
     """Validator: the value (when not None) is finite and ``> bound``."""
 
@@ -694,6 +702,15 @@ class LoggingConfig(_Section):
     tensorboard: bool = attrs.field(default=False, metadata=meta("Also write TensorBoard events."))
     progress: Literal["auto", "bar", "lines", "none"] = attrs.field(
         default="auto", metadata=meta("Console progress: a bar on a TTY, lines otherwise (auto).")
+    )
+    profile_steps: list[int] | None = attrs.field(
+        default=None,
+        validator=lambda _inst, _attr, value: _check_step_window(value),
+        metadata=meta(
+            "`[FIRST, LAST]`: run `torch.profiler` over training steps FIRST to LAST (numbered "
+            "as in `metrics.jsonl`); each rank writes a trace (`trace-rankN.json`, for Perfetto "
+            "or chrome://tracing) and an op table (`ops-rankN.txt`) to `output_dir/profile/`."
+        ),
     )
 
 
