@@ -1,12 +1,5 @@
-"""``python -m hyper_core`` is ``hyper-train`` (used under torchrun, where a rank ends through
-:func:`~hyper_core.parallel.exit.exit_rank`)."""
+"""``python -m hyper_core`` is ``hyper-train`` (used under torchrun)."""
 
-import sys
+from .cli import console_main
 
-from .cli import main
-from .parallel.exit import exit_rank, is_torchrun_rank
-
-code = main()
-if is_torchrun_rank():
-    exit_rank(code)
-sys.exit(code)
+console_main()

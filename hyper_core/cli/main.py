@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import RunFailed, UserError
 
@@ -84,6 +84,18 @@ def _plugin_commands(argv: Sequence[str]) -> dict[str, Any]:
 
     strict = "--strict-plugins" in argv or None
     return get_plugin_host(strict=strict).registries.commands
+
+
+def console_main() -> NoReturn:
+    """The ``hyper-train`` script and ``python -m hyper_core``: :func:`main`, then exit with its
+    code; a torchrun rank exits without interpreter finalisation
+    (:func:`~hyper_core.parallel.exit.exit_rank`)."""
+    from ..parallel.exit import exit_rank, is_torchrun_rank
+
+    code = main()
+    if is_torchrun_rank():
+        exit_rank(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ output is written before ``os._exit`` skips the interpreter's finalisation."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -42,3 +43,23 @@ def test_only_torchrun_ranks_exit_early(monkeypatch: pytest.MonkeyPatch) -> None
     assert not is_torchrun_rank()
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert is_torchrun_rank()
+
+
+@pytest.mark.parametrize("rank_env", [False, True])
+def test_the_cli_keeps_its_exit_code_and_output_as_a_rank(rank_env: bool, tmp_path: Path) -> None:
+    # under torchrun (LOCAL_RANK and WORLD_SIZE set) hyper-train ends through exit_rank
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    if rank_env:
+        env.update(LOCAL_RANK="0", WORLD_SIZE="1", RANK="0")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training]\nsteps = 0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hyper_core", "config", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("hyper-train: error: ") and "$.training" in proc.stderr
