@@ -19,8 +19,8 @@ on all of the rows' images (replicated work and activations). The tower's forwar
 The merge into ``inputs_embeds`` and the split of the decoder's tokens then proceed as
 before (:mod:`~hyper_core.parallel.context_parallel`). It applies to towers called as
 ``tower(patches, grid_thw=(n, 3))`` with the patches of image ``i`` the ``t·h·w`` rows
-after image ``i-1``'s, as transformers' Qwen-VL family does; a tower called otherwise runs
-whole on every rank.
+after image ``i-1``'s, as transformers' Qwen-VL family and the Kimi adapter's MoonViT do;
+a tower called otherwise runs whole on every rank.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Tiny Qwen3-VL-MoE and tiny Kimi-K2.5, both with 8 routed experts, train 5 steps 
 ``ep = 4``); each rank must hold only its experts. The 2-rank launch also covers routing so
 skewed that a rank receives no token, a checkpoint saved with ``ep = 2`` resumed with
 ``ep = 1`` (2 ranks, and 1 rank), loading ``[model] path`` shard-wise, and the HF export;
-both launches also run Qwen3-VL-MoE under ``[parallel] cp = 2`` with expert parallelism.
+both launches also run Qwen3-VL-MoE (and the 2-rank one Kimi-K2.5) under ``[parallel] cp = 2``
+with expert parallelism.
 Two torchrun launches (2 and 4 ranks) run every multi-rank job.
 """
 
@@ -65,10 +66,10 @@ def path_config(model: str, root: Path, out: Path) -> dict[str, Any]:
     return cfg
 
 
-def cp_config(out: Path, **parallel: int) -> dict[str, Any]:
-    """:func:`moe_config` of Qwen3-VL-MoE with ``varlen`` attention (what ``[parallel] cp``
-    runs), under fsdp2 with ``parallel`` when given."""
-    cfg = moe_config("qwen", out)
+def cp_config(model: str, out: Path, **parallel: int) -> dict[str, Any]:
+    """:func:`moe_config` with ``varlen`` attention (what ``[parallel] cp`` runs), under fsdp2
+    with ``parallel`` when given."""
+    cfg = moe_config(model, out)
     cfg["model"]["attn_implementation"] = "varlen"
     if parallel:
         cfg["parallel"] = {"strategy": "fsdp2", "timeout_s": 60, **parallel}
@@ -97,7 +98,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         train_here(moe_config("qwen", root / "qwen-skew-one"), plugins=[SkewedRouting()])
         for m in MODELS:  # 2 steps from the export of the 5 above, the sharded load's reference
             train_here(path_config(m, root, root / f"{m}-path-one"))
-        train_here(cp_config(root / "qwen-varlen-one"))  # the reference of the cp runs
+        for m in MODELS:  # the references of the cp runs
+            train_here(cp_config(m, root / f"{m}-varlen-one"))
     finally:
         torch.set_num_threads(threads)
     two = [
@@ -124,7 +126,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path_job = path_config(m, root, root / f"{m}-path-ep2")
         path_job["parallel"] = {"strategy": "fsdp2", "timeout_s": 60, "ep": 2}
         two.append({"config": path_job})
-    two.append({"config": cp_config(root / "qwen-cp2-ep2", cp=2, ep=2)})
+    two += [{"config": cp_config(m, root / f"{m}-cp2-ep2", cp=2, ep=2)} for m in MODELS]
     launch(two, 2, root)
     four = [
         {"config": ep_config(m, root / f"{m}-{layout}", LAYOUTS[layout][1]["ep"])}
@@ -132,7 +134,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for layout in LAYOUTS
         if LAYOUTS[layout][0] == 4
     ]
-    four.append({"config": cp_config(root / "qwen-s2-cp2-ep4", cp=2, ep=4)})
+    four.append({"config": cp_config("qwen", root / "qwen-s2-cp2-ep4", cp=2, ep=4)})
     launch(four, 4, root)
     return root
 
@@ -212,13 +214,14 @@ def test_export_of_an_ep_run_gives_its_logits(runs: Path) -> None:
     assert torch.allclose(logits, trained, atol=1e-5), (logits - trained).abs().max()
 
 
-@pytest.mark.parametrize("run", ["qwen-cp2-ep2", "qwen-s2-cp2-ep4"])
+@pytest.mark.parametrize("run", ["qwen-cp2-ep2", "kimi-cp2-ep2", "qwen-s2-cp2-ep4"])
 def test_context_parallel_composes_with_expert_parallel(runs: Path, run: str) -> None:
-    # cp = 2 splits each row (its images and Qwen3-VL's deepstack tokens) over 2 ranks, whose
-    # tokens go to the experts of an ep group: 2 ranks (ep = 2), and 4 ranks (dp_shard = 2,
-    # cp = 2, ep = 4, an ep group spanning both cp groups)
-    assert_close(losses(runs / run), losses(runs / "qwen-varlen-one"), 1e-5)
-    assert_close(grad_norms(runs / run), grad_norms(runs / "qwen-varlen-one"), 1e-5)
+    # cp = 2 splits each row (its images, Qwen3-VL's deepstack tokens; Kimi's MLA attention)
+    # over 2 ranks, whose tokens go to the experts of an ep group: 2 ranks (ep = 2), and 4
+    # ranks (dp_shard = 2, cp = 2, ep = 4, an ep group spanning both cp groups)
+    one = runs / f"{run.split('-')[0]}-varlen-one"
+    assert_close(losses(runs / run), losses(one), 1e-5)
+    assert_close(grad_norms(runs / run), grad_norms(one), 1e-5)
     # every rank's decoder ran on half of each row, padded to a multiple of 2·cp, and the two
     # ranks of a cp group shared out the encoding of its images
     ranks = json.loads((runs / run / "tokens.json").read_text())
