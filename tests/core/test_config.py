@@ -358,7 +358,7 @@ def test_did_you_mean() -> None:
     assert problems["$.training.lrr"] == "unknown key; did you mean 'lr'?"
     assert problems["$.logging.every_step"] == "unknown key; did you mean 'every_steps'?"
     assert problems["$.logging.colour"] == (
-        "unknown key; valid keys: every_steps, tensorboard, progress"
+        "unknown key; valid keys: every_steps, tensorboard, progress, profile_steps"
     )
 
 
