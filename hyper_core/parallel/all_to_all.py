@@ -10,9 +10,12 @@ group that ran a functional collective outlives ``destroy_process_group()`` with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 class _AllToAll(torch.autograd.Function):
@@ -24,7 +27,7 @@ class _AllToAll(torch.autograd.Function):
         x: torch.Tensor,
         send_rows: Sequence[int] | None,
         recv_rows: Sequence[int] | None,
-        group: Any,
+        group: ProcessGroup | None,
     ) -> torch.Tensor:
         ctx.send_rows, ctx.recv_rows, ctx.group = send_rows, recv_rows, group
         return _exchange(x, send_rows, recv_rows, group)
@@ -38,7 +41,7 @@ def _exchange(
     x: torch.Tensor,
     send_rows: Sequence[int] | None,
     recv_rows: Sequence[int] | None,
-    group: Any,
+    group: ProcessGroup | None,
 ) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -58,7 +61,7 @@ def all_to_all(
     x: torch.Tensor,
     send_rows: Sequence[int] | None,
     recv_rows: Sequence[int] | None,
-    group: Any,
+    group: ProcessGroup | None,
 ) -> torch.Tensor:
     """Send ``send_rows[r]`` consecutive rows (dim 0) of ``x`` to rank ``r`` of ``group`` and
     receive ``recv_rows[r]`` from it, in rank order; None: equal shares of ``x``'s rows.

@@ -27,12 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
 from .all_to_all import all_to_all
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .env import DistEnv
 
 
 def image_shares(patches: Sequence[int], cp: int) -> list[tuple[int, int]]:
@@ -58,7 +63,7 @@ class SplitTower:
     original: Callable[..., Any]
     cp: int
     rank: int
-    group: Any
+    group: ProcessGroup
     #: Patches this rank encoded, over training forwards (dummies excluded): for tests and logs.
     patches_encoded: int = 0
 
@@ -109,7 +114,7 @@ class SplitTower:
         return gathered
 
 
-def split_vision_tower(model: torch.nn.Module, module: str, dist: Any) -> SplitTower:
+def split_vision_tower(model: torch.nn.Module, module: str, dist: DistEnv) -> SplitTower:
     """Wrap the forward of ``model``'s tower at ``module`` (a dotted path) for ``dist``'s cp
     group; returns the wrapper (its ``patches_encoded`` counts this rank's work)."""
     tower = model.get_submodule(module)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    import torch.profiler
+
     from ..types import TrainState
 
 log = logging.getLogger("hyper_train")
@@ -30,7 +32,7 @@ class StepProfiler:
         self.first, self.last = first, last
         self.out = Path(output_dir) / "profile"
         self.rank = rank
-        self._prof: Any = None  # torch.profiler.profile while the window runs
+        self._prof: torch.profiler.profile | None = None  # while the window runs
         self._started = 0
         self._done = False
 
