@@ -425,10 +425,12 @@ class HFModelAdapter(ModelAdapter):
             return inputs
         image_grid = model_inputs.get(self.vision_input_keys[1])
         images = 0 if image_grid is None else len(image_grid)
-        total = images + len(video_grid)
-        found = {"video": take_entries(outputs, images, total, total)}
+        from .vision_outputs import FlatOutputs
+
+        flat = FlatOutputs(outputs, images + len(video_grid))
+        found = {"video": flat.take(images, images + len(video_grid))}
         if images:
-            found["image"] = take_entries(outputs, 0, images, total)
+            found["image"] = flat.take(0, images)
         inputs["mm_encoder_outputs"] = found
         return inputs
 
@@ -471,22 +473,3 @@ class HFModelAdapter(ModelAdapter):
         from ..export import hf_layout
 
         return hf_layout(import_ref(self.model_class), hf_config)
-
-
-def take_entries(outputs: Any, start: int, stop: int, count: int) -> Any:
-    """A copy of the encoder ``outputs`` (a ``ModelOutput`` over ``count`` images/videos:
-    ``pooler_output`` a sequence of one tensor per entry, Qwen3-VL's ``deepstack_features``
-    a list of such sequences) holding entries ``start:stop`` only; fields that are not per
-    entry (``last_hidden_state``, concatenated over patches) are left out."""
-    import torch
-
-    def per_entry(value: Any) -> bool:
-        return isinstance(value, (list, tuple)) and len(value) == count
-
-    fields: dict[str, Any] = {}
-    for key, value in outputs.items():
-        if per_entry(value) and all(isinstance(v, torch.Tensor) for v in value):
-            fields[key] = tuple(value[start:stop])
-        elif isinstance(value, (list, tuple)) and value and all(per_entry(v) for v in value):
-            fields[key] = [tuple(v[start:stop]) for v in value]
-    return type(outputs)(**fields)

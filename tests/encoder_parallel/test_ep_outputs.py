@@ -13,7 +13,8 @@ import pytest
 import torch
 from ep_helpers import needs_vl, tiny_vl_micro_batch, write_images
 
-from hyper_encoder_parallel.vision_io import FlatOutputs, Schema, merge_inputs
+from hyper_core.adapters.vision_outputs import FlatOutputs
+from hyper_encoder_parallel.vision_io import Schema, merge_inputs
 
 FAMILIES = [
     "qwen2_vl",

@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
+from hyper_core.adapters.vision_outputs import FlatOutputs
 from hyper_core.errors import DataError
 from hyper_core.parallel.all_to_all import all_to_all
 
 from .config import EncoderParallelConfig
 from .planner import image_cost, imbalance, loads, plan
-from .vision_io import FlatOutputs, Schema, merge_inputs
+from .vision_io import Schema, merge_inputs
 
 if TYPE_CHECKING:
     from hyper_core.types import GetBatch, MicroBatch
