@@ -260,7 +260,10 @@ def build_loss(config: Config, adapter: ModelAdapter) -> LossFn | None:
     the model computes logits only at the label positions: ``outputs.logits`` is
     ``(n, vocab)`` and ``loss_inputs["labels"]`` the ``n`` matching labels, with
     ``loss_inputs["label_mask"]`` the ``(batch, seq)`` positions they come from. A loss that
-    flattens logits and labels (the default, the example) works on both layouts.
+    flattens logits and labels (the default, the example) works on both layouts. The last
+    decoder layer's per-token modules then run at those positions only (the adapter's
+    ``label_row_modules``), so the final hidden states of the other positions are not
+    meaningful: a loss that needs them sets ``logits_at_labels_only = False`` on its adapter.
     """
 
 

@@ -155,6 +155,13 @@ class ModelAdapter:
     #: every position.
     logits_at_labels_only: ClassVar[bool] = False
 
+    def label_row_modules(self, model: torch.nn.Module) -> list[str]:
+        """Submodules of ``model`` that may run at label positions only when the LM head does
+        (:mod:`hyper_core.step.label_rows`): modules of the last decoder layer that act on each
+        token alone and whose output feeds only that token's final hidden state (its query
+        and output projections, a dense MLP). Default: none."""
+        return []
+
     def forward_kwargs(self) -> dict[str, Any]:
         """Extra keyword arguments for every training forward (``use_cache=False``)."""
         return {"use_cache": False}

@@ -23,7 +23,14 @@ from ..attention import (
 from ..attention import register as register_attention
 from ..errors import ConfigError, UserError
 from ..registry import import_ref
-from .base import FlopsCount, ModelAdapter, ParallelPlan, VisionEncoderSpec
+from .base import (
+    FlopsCount,
+    ModelAdapter,
+    MoEAdapter,
+    ParallelPlan,
+    VisionEncoderSpec,
+    find_moe_blocks,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -163,6 +170,17 @@ class HFModelAdapter(ModelAdapter):
     #: (:attr:`~hyper_core.adapters.base.VisionEncoderSpec.video_keys`); empty: images only.
     vision_video_keys: ClassVar[tuple[str, ...]] = ()
     logits_at_labels_only: ClassVar[bool] = True
+    #: Children of the last decoder layer that :meth:`label_row_modules` names when present
+    #: (transformers' names; ``q_a_proj``/``q_b_proj``: multi-head latent attention's query);
+    #: an MoE block among them is left whole (its router statistics and load-balancing loss
+    #: count every token).
+    label_row_children: ClassVar[tuple[str, ...]] = (
+        "self_attn.q_proj",
+        "self_attn.q_a_proj",
+        "self_attn.q_b_proj",
+        "self_attn.o_proj",
+        "mlp",
+    )
     #: How the default :meth:`transform` renders conversations (set by VL adapters).
     chat_format: ClassVar[ChatFormat | None] = None
 
@@ -315,6 +333,27 @@ class HFModelAdapter(ModelAdapter):
                 video_keys=self.vision_video_keys,
             )
         return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
+
+    def label_row_modules(self, model: torch.nn.Module) -> list[str]:
+        """:attr:`label_row_children` of the last decoder layer: the last sharding unit outside
+        the vision tower and projector; an MoE block is left out."""
+        towers = [m for m in (self.vision_module, self.projector_module) if m]
+        layers = [
+            name
+            for name in match_modules(model, self.sharding_units)
+            if not any(name == t or name.startswith(f"{t}.") for t in towers)
+        ]
+        if not layers:
+            return []
+        moe = {b.module for b in self.moe_blocks(model)} if isinstance(self, MoEAdapter) else set()
+        names = []
+        for child in self.label_row_children:
+            name = f"{layers[-1]}.{child}"
+            if not has_submodule(model, name) or name in moe:
+                continue
+            if not find_moe_blocks(model.get_submodule(name)):
+                names.append(name)
+        return names
 
     # -- data -------------------------------------------------------------------------------
 

@@ -136,6 +136,10 @@ def segment_attention(
     return torch.cat(outputs, dim=1).reshape(batch, q_len, heads, value.shape[-1])
 
 
+# Under ``[training] compile`` the per-sample loop runs eagerly (a graph break around attention):
+# traced, every sample boundary would be a symbolic int, recompiling per packing and, with many
+# samples per row, generating code inductor cannot compile.
+@torch.compiler.disable
 def varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -23,10 +23,23 @@ def apply_regional_compile(model: Any, plan: Any) -> list[str]:
 
 
 def compile_counts() -> dict[str, int]:
-    """Graphs compiled and recompiles so far in this process (torch's dynamo counters)."""
+    """Compiles so far in this process: per dynamo frame (``frame/compile`` ids in torch's
+    logs), under ``"frame N"`` keys, and the graphs made, under ``"graphs"``."""
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
     from torch._dynamo.utils import counters
 
-    return {
-        "graphs": int(counters["stats"].get("unique_graphs", 0)),
-        "recompiles": int(sum(counters["recompiles"].values())),
-    }
+    counts = {f"frame {k}": int(v) for k, v in FRAME_COMPILE_COUNTER.items()}
+    counts["graphs"] = int(counters["stats"].get("unique_graphs", 0))
+    return counts
+
+
+def compiles_since(before: dict[str, int]) -> tuple[int, int]:
+    """``(graphs, recompiles)`` since the :func:`compile_counts` snapshot ``before``: a
+    recompile is any compile of a frame after its first in that span. Units of one class share
+    a frame, so a model whose units differ (vision blocks and decoder layers, the last layer
+    at label rows, evaluation without gradients) counts one recompile per kind; a count that
+    grows with the steps means shapes are specialised."""
+    now = compile_counts()
+    graphs = now.pop("graphs") - before.get("graphs", 0)
+    per_frame = [n - before.get(frame, 0) for frame, n in now.items()]
+    return graphs, sum(d - 1 for d in per_frame if d > 0)

@@ -309,16 +309,27 @@ def check_packed_equals_padded(t: AdapterUnderTest) -> str:
 
 def check_label_positions(t: AdapterUnderTest) -> str:
     """Logits at the label positions only (``logits_to_keep``, what training does when the
-    adapter sets ``logits_at_labels_only``), and the chunked cross-entropy on them (LM head
-    per chunk, recomputed in backward): the same loss and gradients as logits everywhere
-    (1e-5), packed and padded."""
+    adapter sets ``logits_at_labels_only``), with the adapter's :meth:`label_row_modules` run
+    on the label rows only, and the chunked cross-entropy on them (LM head per chunk,
+    recomputed in backward): the same loss and gradients as logits everywhere (1e-5), packed
+    and padded. The label-row modules must write nothing at the other rows."""
+    import torch
+
     from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
     from ..step.label_positions import keep_label_positions, supports_label_positions
+    from ..step.label_rows import install_label_rows
 
     model = t.build_model()
     if not supports_label_positions(t.adapter, model):
         return "not declared (logits at every position)"
     kwargs = t.adapter.forward_kwargs()
+    row_modules = t.adapter.label_row_modules(model)
+    install_label_rows(model, row_modules)
+    outputs: dict[str, torch.Tensor] = {}
+    for name in row_modules:
+        model.get_submodule(name).register_forward_hook(
+            lambda _m, _i, out, name=name: outputs.__setitem__(name, out.detach())
+        )
 
     def chunked(mb: Any) -> Any:
         with lm_head_returns_hidden(model) as head:
@@ -340,6 +351,11 @@ def check_label_positions(t: AdapterUnderTest) -> str:
             loss.backward()
             grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             results[name] = (loss.item(), grads)
+            if name == "label positions":
+                others = ~only.loss_inputs["label_mask"]
+                for module, out in outputs.items():
+                    assert out.shape[:2] == others.shape, f"{module}: output {tuple(out.shape)}"
+                    assert not out[others].any(), f"{module} ran on rows without a label"
         full, fg = results.pop("every position")
         for name, (value, grads) in results.items():
             assert abs(full - value) <= ATOL, f"{kind}, {name}: loss {value:.7f} vs {full:.7f}"
@@ -349,7 +365,7 @@ def check_label_positions(t: AdapterUnderTest) -> str:
                 worst = max(worst, diff)
                 bound = ATOL + 1e-4 * fg[n].abs().max().item()
                 assert diff <= bound, f"{kind}, {name}: gradient of {n} differs by {diff:.1e}"
-    return f"max |Δgrad| {worst:.1e}"
+    return f"max |Δgrad| {worst:.1e}; label-row modules: {len(row_modules)}"
 
 
 def check_parallel_plan(t: AdapterUnderTest) -> str:

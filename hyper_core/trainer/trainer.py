@@ -26,6 +26,7 @@ from ..parallel.context_parallel import split_micro_batch
 from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
 from ..step.grad_norm import clip_grads, total_grad_norm
 from ..step.label_positions import keep_label_positions, supports_label_positions
+from ..step.label_rows import install_label_rows
 from ..step.lockstep import Lockstep
 from ..step.loss import causal_lm_loss
 from ..step.precision import warn_pure_bf16
@@ -82,6 +83,7 @@ class Trainer:
         self.lockstep: Any = None
         self.evaluator: Any = None
         self._stop_signals = 0
+        self._compiles: dict[str, int] = {}
         self._first_stop_at = 0.0
 
     # -- setup --------------------------------------------------------------------------------
@@ -163,6 +165,9 @@ class Trainer:
         )
         # The LM head runs on label positions only (training and evaluation alike)...
         self.label_positions = supports_label_positions(self.adapter, self.unwrapped_model)
+        if self.label_positions:  # ...and so does the rest of the last decoder layer
+            model = self.unwrapped_model
+            install_label_rows(model, self.adapter.label_row_modules(model))
         # ...and in recomputed chunks when there are many (training, the default loss only).
         self.loss_chunk_tokens = (
             cfg.training.loss_chunk_tokens
@@ -255,6 +260,10 @@ class Trainer:
 
     def _train(self) -> TrainState:
         cfg = self.config
+        if cfg.training.compile:
+            from ..parallel.compile import compile_counts
+
+            self._compiles = compile_counts()  # this run's compiles are counted from here
         self.checkpointer.maybe_resume(self)
         if self.dist.is_main:
             self.metrics_writer = MetricsWriter(
@@ -318,14 +327,9 @@ class Trainer:
 
             export_at_end(self, Path(cfg.run.output_dir) / "hf")
         if cfg.training.compile and self.dist.is_main:
-            from ..parallel.compile import compile_counts
+            from ..parallel.compile import compiles_since
 
-            counts = compile_counts()
-            log.info(
-                "torch.compile: %d graph(s), %d recompile(s)",
-                counts["graphs"],
-                counts["recompiles"],
-            )
+            log.info("torch.compile: %d graph(s), %d recompile(s)", *compiles_since(self._compiles))
         self.host.fire("on_train_end", trainer=self, state=self.state)
         return self.state
 

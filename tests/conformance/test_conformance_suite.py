@@ -79,6 +79,13 @@ class AllPositions(HFCausalLMAdapter):
         return model
 
 
+class KeysAtLabelRows(HFCausalLMAdapter):
+    """Runs the last layer's key projection at label rows only: the keys of every other
+    position are then missing from the label rows' attention."""
+
+    label_row_children = ("self_attn.k_proj", "mlp")
+
+
 BROKEN = {
     "truncating": (Truncating, "transform"),
     "wrong_plan": (WrongPlan, "parallel_plan"),
@@ -86,6 +93,7 @@ BROKEN = {
     "no_flops": (NoFlops, "flops"),
     "lossy_export": (LossyExport, "export_roundtrip"),
     "all_positions": (AllPositions, "label_positions"),
+    "keys_at_label_rows": (KeysAtLabelRows, "label_positions"),
 }
 
 

@@ -35,6 +35,11 @@ query/key-value heads, ``d`` the head size:
 * attention, fused qkv (vision): ``c·7·w + F·nh`` (qkv output, roped q and k, the per-image
   outputs and their concatenation), ``c·6·w`` with a varlen flash kernel (no concatenation);
 * MLP: gated ``c·4·i`` (gate, up, act(gate), product), GELU ``c·2·i``, QuickGELU ``c·3·i``;
+* the last decoder layer with logits at label positions (``n`` of ``T`` rows), for the parts
+  the adapter runs on those rows only (:mod:`hyper_core.step.label_rows`): the rows' index
+  ``8·n``; the query projection's gathered input ``c·h·n`` (under autocast: ``−c·h·(T − n)``,
+  its cast of every row gone); the output projection's ``c·nh·d·n``; the MLP and its input's
+  ``c·h`` (one cast per reading linear under autocast) at ``n`` rows instead of ``T``;
 * per micro-batch once: token ids ``8`` bytes per token, labels ``8`` per logits row (+ a
   4-byte scalar; none chunked), the label-position mask ``1`` per token, RoPE
   ``cos``/``sin`` ``2·d·r`` (LM) and ``2·d·F`` (vision) per position, the final norm, the
@@ -230,6 +235,9 @@ class ModelShape:
     matmul_weight_numel: int = 0
     matmul_root_numel: int = 0
     matmul_unit_numel: int = 0  # the largest unit's
+    #: Parts of the last decoder layer that run on the label rows only when the logits do
+    #: (``query``, ``output``, ``mlp``; :mod:`hyper_core.step.label_rows`).
+    label_rows: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -472,9 +480,17 @@ def model_shape(model: Any, adapter: Any, attn_implementation: str = "sdpa") -> 
         vocab=int(cfg.vocab_size),
         attn_implementation=attn_implementation,
         vision=vision,
+        label_rows=_label_row_parts(model, adapter),
         **_units(model, adapter),
         **extra,
     )
+
+
+def _label_row_parts(model: Any, adapter: Any) -> tuple[str, ...]:
+    """The adapter's label-row modules as parts of the formula (others are not modelled)."""
+    names = adapter.label_row_modules(model) if hasattr(adapter, "label_row_modules") else []
+    kinds = {"q_proj": "query", "o_proj": "output", "mlp": "mlp"}
+    return tuple(kinds[leaf] for n in names if (leaf := n.rsplit(".", 1)[-1]) in kinds)
 
 
 # -- the activation formula ---------------------------------------------------------------------
@@ -525,6 +541,26 @@ def text_layer_bytes(stack: StackShape, prec: Precision, batch: BatchShape, impl
     return total + mlp_bytes(stack, prec)
 
 
+def label_rows_bytes(
+    stack: StackShape, prec: Precision, parts: tuple[str, ...], tokens: int, rows: int
+) -> int:
+    """Change of the last decoder layer's saved bytes when ``parts`` of it run on ``rows``
+    label rows of ``tokens`` (negative: fewer; see module doc)."""
+    if not parts:
+        return 0
+    c, h = prec.compute_bytes, stack.hidden
+    drop = tokens - rows
+    total = 8 * rows  # the rows' index
+    if "query" in parts:  # its input gathered; under autocast, its cast of every row gone
+        total += -c * h * drop if prec.autocast else c * h * rows
+    if "output" in parts:
+        total += c * stack.heads * stack.head_dim * rows
+    if "mlp" in parts:
+        readers = (2 if stack.mlp == "gated" else 1) if prec.autocast else 1
+        total -= (mlp_bytes(stack, prec) + c * h * readers) * drop
+    return total
+
+
 def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
     """Saved bytes per patch of one vision block."""
     c, w = prec.compute_bytes, stack.hidden
@@ -562,6 +598,8 @@ def activation_bytes(
         parts["language_layers"] = t.layers * r * t.hidden * tokens
     else:
         parts["language_layers"] = t.layers * layer * tokens
+        if loss.mode != "every_position":
+            parts["language_layers"] += label_rows_bytes(t, prec, shape.label_rows, tokens, n)
         parts["rope"] = 2 * t.head_dim * r * tokens
     # the final norm without its output, which the LM head saves for its rows (none chunked)
     head_input = 0 if loss.mode == "chunked" else c * t.hidden * n
