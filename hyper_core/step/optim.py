@@ -1,4 +1,5 @@
-"""AdamW with no weight decay on 1-D parameters, and warmup + constant/linear/cosine schedules."""
+"""AdamW (fused) with no weight decay on 1-D parameters, and warmup + constant/linear/cosine
+schedules."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ def build_adamw(model: torch.nn.Module, training: Any) -> torch.optim.Optimizer:
     groups = [{"params": decay, "weight_decay": training.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    # One fused kernel per parameter group where torch has it (CPU, CUDA; as transformers'
+    # and torchtitan's defaults): about 1% of the ~27M bench model's CPU step over foreach.
+    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(
         groups,
         lr=training.lr,
         betas=tuple(training.betas),
         eps=training.eps,
-        foreach=True,
+        **({"fused": True} if fused else {"foreach": True}),
     )
 
 
