@@ -529,7 +529,8 @@ class TrainingConfig(_Section):
             "Compile each decoder layer and vision block with `torch.compile` (dynamic "
             "shapes). Costs a compile at the first steps; the run's end logs the graph and "
             "recompile counts. On CPU measured 24% faster per step on the tiny text model after "
-            "~30 s of compiling; made for GPUs."
+            "~30 s of compiling, 4% on the ~27M Qwen2.5-VL bench model (1.94 s against 2.03 "
+            "s, after 40 s); made for GPUs."
         ),
     )
     loss_chunk_tokens: int | None = attrs.field(
