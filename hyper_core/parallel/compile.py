@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from ..adapters.hf import match_modules
 
 
@@ -22,24 +24,50 @@ def apply_regional_compile(model: Any, plan: Any) -> list[str]:
     return names
 
 
+#: Keys of :func:`compile_counts` that are not dynamo frames.
+_TOTALS = ("graphs", "graph_breaks")
+
+
+@attrs.frozen
+class CompileCounts:
+    """What ``torch.compile`` did over a span of a run."""
+
+    graphs: int
+    recompiles: int
+    #: Places where dynamo split a graph (each time it met one): 0 means every compiled unit
+    #: is one graph, with nothing in it run by Python between its parts.
+    graph_breaks: int
+
+    def summary(self) -> str:
+        """The run's end line."""
+        return (
+            f"torch.compile: {self.graphs} graph(s), {self.recompiles} recompile(s), "
+            f"{self.graph_breaks} graph break(s)"
+        )
+
+
 def compile_counts() -> dict[str, int]:
     """Compiles so far in this process: per dynamo frame (``frame/compile`` ids in torch's
-    logs), under ``"frame N"`` keys, and the graphs made, under ``"graphs"``."""
+    logs), under ``"frame N"`` keys; the graphs made, under ``"graphs"``; the graph breaks,
+    under ``"graph_breaks"``."""
     from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
     from torch._dynamo.utils import counters
 
     counts = {f"frame {k}": int(v) for k, v in FRAME_COMPILE_COUNTER.items()}
     counts["graphs"] = int(counters["stats"].get("unique_graphs", 0))
+    counts["graph_breaks"] = int(sum(counters["graph_break"].values()))
     return counts
 
 
-def compiles_since(before: dict[str, int]) -> tuple[int, int]:
-    """``(graphs, recompiles)`` since the :func:`compile_counts` snapshot ``before``: a
-    recompile is any compile of a frame after its first in that span. Units of one class share
-    a frame, so a model whose units differ (vision blocks and decoder layers, the last layer
-    at label rows, evaluation without gradients) counts one recompile per kind; a count that
-    grows with the steps means shapes are specialised."""
+def compiles_since(before: dict[str, int]) -> CompileCounts:
+    """The counts since the :func:`compile_counts` snapshot ``before``: a recompile is any
+    compile of a frame after its first in that span. Units of one class share a frame, so a
+    model whose units differ (vision blocks and decoder layers, the last layer at label rows,
+    evaluation without gradients) counts one recompile per kind; a count that grows with the
+    steps means shapes are specialised."""
     now = compile_counts()
-    graphs = now.pop("graphs") - before.get("graphs", 0)
+    graphs, breaks = (now.pop(key) - before.get(key, 0) for key in _TOTALS)
     per_frame = [n - before.get(frame, 0) for frame, n in now.items()]
-    return graphs, sum(d - 1 for d in per_frame if d > 0)
+    return CompileCounts(
+        graphs=graphs, recompiles=sum(d - 1 for d in per_frame if d > 0), graph_breaks=breaks
+    )

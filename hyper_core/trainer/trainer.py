@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..attention.counts import AttentionCounts, counting
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
 from ..parallel.context_parallel import split_micro_batch
@@ -84,6 +85,8 @@ class Trainer:
         self.evaluator: Any = None
         self._stop_signals = 0
         self._compiles: dict[str, int] = {}
+        #: Attention calls on the kernel the config asked for, and fallbacks by reason.
+        self.attention_counts: AttentionCounts | None = None
         self._first_stop_at = 0.0
 
     # -- setup --------------------------------------------------------------------------------
@@ -251,7 +254,9 @@ class Trainer:
         try:
             if not self.built:
                 self.setup()
-            return self._train()
+            self.attention_counts = AttentionCounts(self.dist.device)
+            with counting(self.attention_counts):
+                return self._train()
         except BaseException as exc:
             self._fire_error(exc)
             raise
@@ -329,7 +334,10 @@ class Trainer:
         if cfg.training.compile and self.dist.is_main:
             from ..parallel.compile import compiles_since
 
-            log.info("torch.compile: %d graph(s), %d recompile(s)", *compiles_since(self._compiles))
+            log.info("%s", compiles_since(self._compiles).summary())
+        counts = self.attention_counts
+        if counts is not None and self.dist.is_main and (counts.kernel_calls or counts.fallbacks):
+            log.info("attention (%s): %s", cfg.model.attn_implementation, counts.summary())
         self.host.fire("on_train_end", trainer=self, state=self.state)
         return self.state
 
@@ -513,6 +521,9 @@ class Trainer:
             "lr": float(self.optimizer.param_groups[0]["lr"]),
         }
         metrics.update(timer.flush(self.dist))
+        counts = self.attention_counts
+        if counts is not None and (counts.fallbacks or counts.kernel_calls):
+            metrics.update(counts.metrics())
         if self.state.skipped:
             metrics["skipped"] = dict(self.state.skipped)
         if self.state.bad_steps:

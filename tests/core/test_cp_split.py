@@ -254,8 +254,7 @@ def test_ulysses_on_two_ranks_gives_the_unsplit_loss_and_gradients(
     kernel_calls: list[dict[str, Any]] = []
     if attention == "flash_varlen":
         stub = current_kernel(kernel_calls)
-        monkeypatch.setattr(flash_varlen, "uses_kernel", lambda q: True)
-        monkeypatch.setattr(flash_varlen, "kernel", lambda: stub)
+        monkeypatch.setitem(flash_varlen.KERNELS, "cpu", flash_varlen.Kernel.of(stub))
     torch.manual_seed(0)
     reference = _tiny_model(attn_implementation=attention)
     reference.train()

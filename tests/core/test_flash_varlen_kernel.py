@@ -75,8 +75,7 @@ def test_both_signatures_compute_varlen(
 ) -> None:
     calls: list[dict[str, Any]] = []
     stub = make_kernel(calls)
-    monkeypatch.setattr(flash_varlen, "uses_kernel", lambda q: True)
-    monkeypatch.setattr(flash_varlen, "kernel", lambda: stub)
+    monkeypatch.setitem(flash_varlen.KERNELS, "cpu", flash_varlen.Kernel.of(stub))
     cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
     module = SimpleNamespace(is_causal=causal)
     kwargs = {"scaling": 0.3, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "is_causal": causal}
@@ -99,8 +98,7 @@ def test_both_signatures_compute_varlen(
 def test_old_kernel_sliding_window_falls_back_to_varlen(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     stub = old_kernel(calls)
-    monkeypatch.setattr(flash_varlen, "uses_kernel", lambda q: True)
-    monkeypatch.setattr(flash_varlen, "kernel", lambda: stub)
+    monkeypatch.setitem(flash_varlen.KERNELS, "cpu", flash_varlen.Kernel.of(stub))
     q, k, v = _inputs()
     cu = torch.tensor([0, 12, 20], dtype=torch.int32)
     module = SimpleNamespace(is_causal=True)
@@ -145,3 +143,22 @@ def test_real_kernel_matches_per_sample_sdpa_on_cuda(causal: bool) -> None:
         results.append([out.float(), *(x.grad.float() for x in (q, k, v))])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize(
+    ("window", "kv_heads"), [((-1, 0), 4), ((-1, -1), 2), ((2, 0), 2)], ids=str
+)
+def test_reference_op_gradients_are_attentions(window: tuple[int, int], kv_heads: int) -> None:
+    """``hyper_train::varlen_attn``'s hand-written backward against numerical gradients
+    (causal, bidirectional with grouped KV heads, a causal window of 3)."""
+    from hyper_core.attention.varlen_op import varlen_attn
+
+    torch.manual_seed(0)
+    q = torch.randn(10, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(10, kv_heads, 8, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    cu = torch.tensor([0, 4, 4, 10], dtype=torch.int32)  # an empty sample too
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return varlen_attn(q, k, v, cu, cu, 6, 6, 0.3, *window)
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))

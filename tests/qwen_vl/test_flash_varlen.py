@@ -8,6 +8,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -65,8 +66,7 @@ def test_one_call_per_layer_and_the_sdpa_loss(
 
     _, model, _ = _build("flash_varlen", tmp_path, family)
     calls: list[int] = []
-    monkeypatch.setattr(flash_varlen, "uses_kernel", lambda q: True)
-    monkeypatch.setattr(flash_varlen, "kernel", lambda: _stub(calls))
+    monkeypatch.setitem(flash_varlen.KERNELS, "cpu", flash_varlen.Kernel.of(_stub(calls)))
     got = loss_and_grads(model, mb)
 
     text, vision = model.config.text_config, model.config.vision_config
@@ -75,6 +75,65 @@ def test_one_call_per_layer_and_the_sdpa_loss(
     assert got[0] == pytest.approx(want[0], abs=1e-5)
     for name, grad in want[1].items():
         torch.testing.assert_close(got[1][name], grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_under_bf16_autocast_every_layer_calls_the_kernel_in_bf16(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """fp32 master weights under bf16 autocast: the rotary embedding leaves q and k in fp32,
+    and still every decoder layer and vision block makes exactly one kernel call, in bf16
+    (the kernel has no fp32: before, these calls fell back to per-sample SDPA, silently)."""
+    from hyper_core.attention.counts import AttentionCounts, counting
+
+    adapter, model, assets = _build("flash_varlen", tmp_path, family)
+    images = write_test_images(tmp_path / "images")
+    feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:3]]
+    mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
+    dtypes: list[tuple[torch.dtype, ...]] = []
+    stub = _stub([])
+
+    def bf16_only(q, k, v, *args: Any, **kwargs: Any) -> torch.Tensor:
+        dtypes.append((q.dtype, k.dtype, v.dtype))
+        return stub(q, k, v, *args, **kwargs)
+
+    kernel = flash_varlen.Kernel.of(stub, half_only=True)
+    monkeypatch.setitem(flash_varlen.KERNELS, "cpu", attrs.evolve(kernel, fn=bf16_only))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with counting(AttentionCounts()) as counts, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_and_grads(model, mb)
+
+    text, vision = model.config.text_config, model.config.vision_config
+    assert len(dtypes) == text.num_hidden_layers + vision.depth
+    assert set(dtypes) == {(torch.bfloat16,) * 3}
+    assert (counts.kernel_calls, counts.fallback_calls) == (len(dtypes), 0)
+
+
+def test_fp32_without_autocast_falls_back_counted_and_logged_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A half-precision-only kernel (CUDA's) with fp32 inputs: every layer falls back, each
+    counted, the reason logged once."""
+    from hyper_core.attention.counts import AttentionCounts, counting
+
+    adapter, model, assets = _build("flash_varlen", tmp_path)
+    images = write_test_images(tmp_path / "images")
+    feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:2]]
+    mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
+    calls: list[int] = []
+    kernel = flash_varlen.Kernel.of(_stub(calls), half_only=True)
+    monkeypatch.setitem(flash_varlen.KERNELS, "cpu", kernel)
+    with counting(AttentionCounts()) as counts, caplog.at_level("WARNING", "hyper_train"):
+        loss_and_grads(model, mb)
+    text, vision = model.config.text_config, model.config.vision_config
+    assert calls == []
+    assert counts.fallback_calls == text.num_hidden_layers + vision.depth
+    [reason] = counts.fallbacks
+    assert "torch.float32" in reason and "mixed_precision" in reason
+    assert [r.getMessage() for r in caplog.records].count(
+        f"flash_varlen: attention falls back from the kernel: {reason}"
+    ) == 1
+    assert counts.metrics()["attn/fallback_calls"] == counts.fallback_calls
 
 
 def test_on_cpu_it_is_varlen(tmp_path: Any) -> None:
