@@ -1,31 +1,157 @@
-"""Activation checkpointing of the sharding units (state-dict keys unchanged)."""
+"""Activation checkpointing of the sharding units as a policy (state-dict keys unchanged).
+
+Policies, cheapest (least recompute) first:
+
+- ``none``: every activation is kept for backward.
+- ``selective``: op-level: inside every unit, the outputs of matmuls and attention kernels
+  are saved, the element-wise ops (norms, activations, rotary, residual adds) recomputed.
+  Every matmul is saved (torchtitan saves every other one to cut memory further): the
+  recompute then costs no matmul FLOPs, which keeps the policy's price near zero and makes
+  :func:`recompute_fraction` exact for the FLOPs that matter.
+- ``every_n``: every N-th unit (the 1st, the N+1-th, ...) is recomputed whole, the others not.
+- ``full``: every unit is recomputed whole; only the units' inputs are kept.
+
+The vision tower and the decoder may take different policies. A chosen unit's ``forward`` is
+wrapped (on the instance) in non-reentrant ``torch.utils.checkpoint``: module hooks (FSDP2's)
+stay outside the checkpoint, keyword arguments pass through, and ``[training] compile``, which
+compiles each unit after this, traces the checkpoint inside the unit's graph.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..adapters.hf import match_modules
 
+if TYPE_CHECKING:
+    import torch
 
-def apply_activation_checkpointing(model: Any, plan: Any) -> None:
-    """Recompute each sharding unit's activations in backward.
+    from ..adapters.base import ParallelPlan
 
-    HF models use their own ``activation_checkpointing_enable`` (non-reentrant); other models get
-    their units' ``forward`` wrapped with ``torch.utils.checkpoint``, which keeps parameter names.
+Policy = Literal["none", "full", "every_n", "selective"]
+
+#: Policies from least to most recompute (the order ``memory estimate`` recommends in).
+POLICIES: tuple[Policy, ...] = ("none", "selective", "every_n", "full")
+
+
+def recompute_fraction(policy: Policy, every: int = 1) -> float:
+    """The fraction of the units' forward FLOPs recomputed in backward under ``policy``.
+
+    ``full``: 1.0; ``every_n``: ``1 / every`` (one unit in ``every``); ``selective``: 0.0, as
+    matmuls and attention (practically all FLOPs) are saved and only element-wise ops are
+    recomputed; ``none``: 0.0. Hardware FLOPs of a step are the model FLOPs plus this fraction
+    of the checkpointed units' forward FLOPs.
     """
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
-        return
-    if hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return
-    import functools
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    return {"none": 0.0, "selective": 0.0, "every_n": 1.0 / every, "full": 1.0}[policy]
 
+
+@functools.cache
+def _saved_ops() -> frozenset[Any]:
+    """The aten ops whose outputs ``selective`` saves: matmuls, attention, collectives."""
+    import torch
+
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_grouped_mm",
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    )
+    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    # Recomputing a collective would repeat the communication (as torchtitan saves it too).
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    for n in ("reduce_scatter_tensor", "all_reduce", "all_to_all_single"):
+        if functional is not None and hasattr(functional, n):
+            ops.add(getattr(functional, n).default)
+    return frozenset(ops)
+
+
+def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective-checkpoint policy: save matmul/attention/collective outputs, recompute
+    the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op in _saved_ops():
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(selective_policy)
+
+
+def checkpointed_units(names: list[str], policy: Policy, every: int = 1) -> list[str]:
+    """Which of the units ``names`` (in model order) ``policy`` checkpoints."""
+    if policy == "none":
+        return []
+    if policy == "every_n":
+        return [n for i, n in enumerate(names) if i % every == 0]
+    return list(names)
+
+
+def _checkpoint_forward(module: torch.nn.Module, selective: bool) -> None:
+    import torch
     from torch.utils.checkpoint import checkpoint
 
-    for name in match_modules(model, plan.sharding_units):
-        module = model.get_submodule(name)
-        forward = module.forward
-        module.forward = functools.partial(checkpoint, forward, use_reentrant=False)
+    forward = module.forward
+    extra: dict[str, Any] = {"context_fn": _selective_contexts} if selective else {}
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        # Without gradients (evaluation, generation) there is no backward to replay.
+        if not (module.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, **extra)
+
+    checkpointed.checkpoint_policy = "selective" if selective else "full"  # type: ignore[attr-defined]
+    module.forward = checkpointed
+    # A transformers layer with its own flag set would checkpoint a second time inside ours.
+    if getattr(module, "gradient_checkpointing", False):
+        module.gradient_checkpointing = False
+
+
+def split_units(model: torch.nn.Module, plan: ParallelPlan) -> tuple[list[str], list[str]]:
+    """The plan's sharding units as ``(decoder, vision)``: vision ones lie in the plan's
+    vision encoder."""
+    names = match_modules(model, plan.sharding_units)
+    prefix = plan.vision_encoder.module + "." if plan.vision_encoder is not None else None
+    vision = [n for n in names if prefix is not None and n.startswith(prefix)]
+    return [n for n in names if n not in vision], vision
+
+
+def apply_activation_checkpointing(
+    model: torch.nn.Module,
+    plan: ParallelPlan,
+    policy: Policy,
+    vision_policy: Policy | None = None,
+    every: int = 2,
+) -> list[str]:
+    """Checkpoint the plan's units by ``policy`` (decoder) and ``vision_policy`` (vision
+    tower; None: as the decoder); returns the names of the checkpointed units."""
+    decoder, vision = split_units(model, plan)
+    chosen: list[tuple[str, bool]] = []
+    for names, pol in ((decoder, policy), (vision, vision_policy or policy)):
+        chosen += [(n, pol == "selective") for n in checkpointed_units(names, pol, every)]
+    for name, selective in chosen:
+        _checkpoint_forward(model.get_submodule(name), selective)
+    return [name for name, _ in chosen]
+
+
+def unit_policy(module: torch.nn.Module) -> Policy:
+    """How :func:`apply_activation_checkpointing` left ``module``: ``full`` (recomputed
+    whole), ``selective`` or ``none``."""
+    forward: Callable[..., Any] | None = module.__dict__.get("forward")
+    return getattr(forward, "checkpoint_policy", "none")
