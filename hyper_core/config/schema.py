@@ -537,7 +537,7 @@ class TrainingConfig(_Section):
             "block): `none`; `selective` saves matmul and attention outputs and recomputes the "
             "element-wise ops; `every_n` recomputes every `activation_checkpointing_every`-th "
             "unit whole; `full` recomputes every unit (keeps only their inputs). From least "
-            "to most recompute and memory saved: none, selective, every_n, full. `true` means "
+            "to most recompute: none, selective, every_n, full. `true` means "
             "`full` and `false` `none`."
         ),
     )
