@@ -19,8 +19,10 @@ compiles each unit after this, traces the checkpoint inside the unit's graph.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..adapters.hf import match_modules
@@ -88,10 +90,58 @@ def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _selective_contexts() -> Any:
+#: Callbacks that see each tensor ``selective`` keeps (set by :func:`observe_selective_saves`
+#: for the calling context: the memory profiler's meter, as saved-tensor hooks do not see them).
+_OBSERVERS: contextvars.ContextVar[tuple[Callable[[torch.Tensor], None], ...]] = (
+    contextvars.ContextVar("hyper_selective_save_observers", default=())
+)
+
+
+@contextlib.contextmanager
+def observe_selective_saves(callback: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Within the block, call ``callback`` on every tensor a ``selective`` unit keeps for
+    backward (its cache is no saved tensor, so ``saved_tensors_hooks`` miss it). Eager only:
+    ``torch.compile`` takes no other mode in a checkpoint."""
+    token = _OBSERVERS.set((*_OBSERVERS.get(), callback))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
+
+
+def _observed(
+    ctx: contextlib.AbstractContextManager[Any], observers: tuple[Callable[..., None], ...]
+) -> contextlib.AbstractContextManager[Any]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class ObserveSaves(TorchDispatchMode):
+        # pushed after the caching mode, so it sees each op first and the cached output after
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func in _saved_ops():
+                for t in tree_leaves(out):
+                    if hasattr(t, "untyped_storage"):
+                        for observe in observers:
+                            observe(t)
+            return out
+
+    @contextlib.contextmanager
+    def both() -> Iterator[None]:
+        with ctx, ObserveSaves():
+            yield
+
+    return both()
+
+
+def _selective_contexts() -> tuple[Any, Any]:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(selective_policy)
+    forward, recompute = create_selective_checkpoint_contexts(selective_policy)
+    observers = _OBSERVERS.get()
+    return (_observed(forward, observers), recompute) if observers else (forward, recompute)
 
 
 def checkpointed_units(names: list[str], policy: Policy, every: int = 1) -> list[str]:

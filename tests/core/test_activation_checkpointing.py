@@ -219,3 +219,14 @@ def test_recompute_fraction() -> None:
     assert recompute_fraction("selective") == 0.0
     with pytest.raises(ValueError, match="every"):
         recompute_fraction("every_n", 0)
+
+
+@pytest.mark.slow  # compiling takes ~30 s on 2 CPU cores
+@pytest.mark.parametrize("policy", ["selective", "every_n"])
+def test_checkpointed_and_compiled_units_train_like_eager(tmp_path: Path, policy: str) -> None:
+    eager = run_tiny_training(tiny_text_config(tmp_path / "eager"), steps=3)
+    training = {"compile": True, "activation_checkpointing": policy}
+    compiled = run_tiny_training(tiny_text_config(tmp_path / "c", training=training), steps=3)
+    layer = compiled.trainer.unwrapped_model.get_submodule("model.layers.0")
+    assert layer._compiled_call_impl is not None and unit_policy(layer) != "none"
+    assert compiled.losses == pytest.approx(eager.losses, abs=1e-4)

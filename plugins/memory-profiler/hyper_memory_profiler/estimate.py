@@ -81,8 +81,10 @@ Activation checkpointing is a policy per tower (``[training] activation_checkpoi
   attention (:func:`selective_unit_bytes`), at most ``B``; the element-wise rest, ``B`` less
   that, of one unit is transient while recomputed.
 
-Label rows, RoPE tables and LoRA's own bytes are counted with ``none`` only, and autocast's
-weight copies of checkpointed units as one unit's (in the recompute).
+The last layer at label rows changes its bytes as above unless it is recomputed whole
+(``selective``: its matmul outputs at ``n`` rows). RoPE tables count unless every unit is
+recomputed, LoRA's own bytes with ``none`` only, and autocast's weight copies of recomputed
+units as one unit's (in the recompute).
 
 **Transient** (live at the peak, not saved for backward): the logits ``c·V`` per logits row held
 by the outputs and the fp32 gradient of the log-softmax ``F·V`` (a chunk's peak instead when
@@ -571,6 +573,23 @@ def label_rows_bytes(
     return total
 
 
+def selective_label_rows_bytes(
+    stack: StackShape, prec: Precision, parts: tuple[str, ...], tokens: int, rows: int
+) -> int:
+    """Change of the last decoder layer's ``selective`` bytes when ``parts`` of it run on
+    ``rows`` label rows of ``tokens``: their matmul and attention outputs are kept for those
+    rows only (negative)."""
+    c, w, q = prec.compute_bytes, stack.hidden, stack.heads * stack.head_dim
+    per = 0
+    if "query" in parts:  # the query projection and the attention output per query row
+        per += c * 2 * q + F * stack.heads
+    if "output" in parts:
+        per += c * w
+    if "mlp" in parts and not stack.experts_per_token:
+        per += c * ((2 if stack.mlp == "gated" else 1) * stack.intermediate + w)
+    return 8 * rows - per * (tokens - rows) if parts else 0
+
+
 def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
     """Saved bytes per patch of one vision block."""
     c, w = prec.compute_bytes, stack.hidden
@@ -653,8 +672,11 @@ def activation_bytes(
     )
     parts["language_layers"] = saved * tokens
     recompute *= tokens
-    if policy == "none":
-        if loss.mode != "every_position":
+    if loss.mode != "every_position":  # the last layer at label rows, unless recomputed
+        if policy == "selective":
+            rows = selective_label_rows_bytes(t, prec, shape.label_rows, tokens, n)
+            parts["language_layers"] += rows
+        elif policy == "none" or (policy == "every_n" and (t.layers - 1) % every):
             parts["language_layers"] += label_rows_bytes(t, prec, shape.label_rows, tokens, n)
     if policy != "full":
         parts["rope"] = 2 * t.head_dim * r * tokens
