@@ -56,6 +56,10 @@ def _saved_ops() -> frozenset[Any]:
     """The aten ops whose outputs ``selective`` saves: matmuls, attention, collectives."""
     import torch
 
+    try:  # registers the torch_attn ops
+        import torch.nn.attention.varlen
+    except ImportError:
+        pass
     aten = torch.ops.aten
     names = (
         "mm",
@@ -72,11 +76,15 @@ def _saved_ops() -> frozenset[Any]:
         "_efficient_attention_forward",
     )
     ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
-    # Recomputing a collective would repeat the communication (as torchtitan saves it too).
-    functional = getattr(torch.ops, "_c10d_functional", None)
-    for n in ("reduce_scatter_tensor", "all_reduce", "all_to_all_single"):
-        if functional is not None and hasattr(functional, n):
-            ops.add(getattr(functional, n).default)
+    others = {
+        "torch_attn": ("_varlen_attn",),  # torch.nn.attention.varlen (flash_varlen)
+        "flash_attn": ("_flash_attn_forward", "_flash_attn_varlen_forward"),  # flash-attn 2
+        # recomputing a collective would repeat the communication (torchtitan saves them too)
+        "_c10d_functional": ("reduce_scatter_tensor", "all_reduce", "all_to_all_single"),
+    }
+    for namespace, op_names in others.items():
+        space = getattr(torch.ops, namespace)
+        ops |= {getattr(space, n).default for n in op_names if hasattr(space, n)}
     return frozenset(ops)
 
 
@@ -137,11 +145,14 @@ def _observed(
 
 
 def _selective_contexts() -> tuple[Any, Any]:
+    import torch
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     forward, recompute = create_selective_checkpoint_contexts(selective_policy)
     observers = _OBSERVERS.get()
-    return (_observed(forward, observers), recompute) if observers else (forward, recompute)
+    if not observers or torch.compiler.is_compiling():  # compile takes the SAC modes alone
+        return forward, recompute
+    return _observed(forward, observers), recompute
 
 
 def checkpointed_units(names: list[str], policy: Policy, every: int = 1) -> list[str]:
