@@ -38,17 +38,20 @@ Policy = Literal["none", "full", "every_n", "selective"]
 POLICIES: tuple[Policy, ...] = ("none", "selective", "every_n", "full")
 
 
-def recompute_fraction(policy: Policy, every: int = 1) -> float:
-    """The fraction of the units' forward FLOPs recomputed in backward under ``policy``.
+def recompute_fraction(policy: Policy, every: int = 2, units: int | None = None) -> float:
+    """The fraction of a tower's unit forward FLOPs recomputed in backward under ``policy``.
 
-    ``full``: 1.0; ``every_n``: ``1 / every`` (one unit in ``every``); ``selective``: 0.0, as
-    matmuls and attention (practically all FLOPs) are saved and only element-wise ops are
-    recomputed; ``none``: 0.0. Hardware FLOPs of a step are the model FLOPs plus this fraction
-    of the checkpointed units' forward FLOPs.
+    ``full``: 1.0; ``every_n``: ``1 / every``, or exactly ``ceil(units / every) / units``
+    when the tower's unit count is given (the 1st, N+1-th, ... are recomputed); ``selective``:
+    0.0, as matmuls and attention (practically all FLOPs) are saved and only element-wise ops
+    recomputed; ``none``: 0.0. A step's hardware FLOPs are its model FLOPs plus this fraction
+    of the tower's forward FLOPs (per tower: the vision tower may have its own policy).
     """
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
-    return {"none": 0.0, "selective": 0.0, "every_n": 1.0 / every, "full": 1.0}[policy]
+    if policy == "every_n":
+        return -(-units // every) / units if units else 1.0 / every
+    return {"none": 0.0, "selective": 0.0, "full": 1.0}[policy]
 
 
 @functools.cache
@@ -155,7 +158,7 @@ def _selective_contexts() -> tuple[Any, Any]:
     return _observed(forward, observers), recompute
 
 
-def checkpointed_units(names: list[str], policy: Policy, every: int = 1) -> list[str]:
+def checkpointed_units(names: list[str], policy: Policy, every: int = 2) -> list[str]:
     """Which of the units ``names`` (in model order) ``policy`` checkpoints."""
     if policy == "none":
         return []

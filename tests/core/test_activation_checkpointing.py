@@ -16,6 +16,7 @@ from hyper_core.config.schema import TrainingConfig
 from hyper_core.errors import ConfigError
 from hyper_core.parallel.checkpointing import (
     apply_activation_checkpointing,
+    checkpointed_units,
     recompute_fraction,
     split_units,
     unit_policy,
@@ -149,7 +150,6 @@ def test_the_chosen_units_run_forward_again_in_backward(
 def test_selective_saves_less_than_none_and_more_than_full(text: AdapterUnderTest) -> None:
     mb = text.micro_batch("packed")
     saved = {p: _held_bytes(text, _model(text, p), mb) for p in ("none", "selective", "full")}
-    print(saved)
     assert saved["full"] < saved["selective"] < saved["none"], saved
 
 
@@ -216,6 +216,13 @@ def test_recompute_fraction() -> None:
     assert recompute_fraction("none") == 0.0
     assert recompute_fraction("full") == 1.0
     assert recompute_fraction("every_n", 4) == 0.25
+    assert (
+        recompute_fraction("every_n") == 0.5
+    )  # N = 2, as [training] activation_checkpointing_every
+    assert recompute_fraction("every_n", 2, units=3) == pytest.approx(2 / 3)  # units 0 and 2
+    for units in range(1, 7):  # the same units as apply_activation_checkpointing recomputes
+        chosen = checkpointed_units([f"u{i}" for i in range(units)], "every_n", 3)
+        assert recompute_fraction("every_n", 3, units) == pytest.approx(len(chosen) / units)
     assert recompute_fraction("selective") == 0.0
     with pytest.raises(ValueError, match="every"):
         recompute_fraction("every_n", 0)

@@ -94,7 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_size,
         default=None,
         metavar="SIZE",
-        help="memory of one device, e.g. 80GiB or 141GB: says whether it fits",
+        help="memory of one device, e.g. 80GiB or 141GB: says whether it fits, the total "
+        "under each activation-checkpointing policy and the one with the least recompute "
+        "that fits",
     )
     est.add_argument(
         "--headroom",
