@@ -112,10 +112,31 @@ def test_each_policy_gives_the_losses_and_gradients_of_none_on_qwen2_5_vl(
     base, base_grads = _loss_and_grads(vl, _model(vl, "none"), mb)
     model = _model(vl, policy, vision)
     loss, grads = _loss_and_grads(vl, model, mb)
+    assert any(".visual.blocks." in n and g.abs().sum() > 0 for n, g in grads.items())
     assert loss == pytest.approx(base, abs=1e-6)
     for n, g in base_grads.items():
         assert torch.allclose(grads[n], g, atol=1e-6, rtol=1e-5), n
     assert model.state_dict().keys() == _model(vl, "none").state_dict().keys()
+
+
+@pytest.mark.parametrize(("policy", "vision"), [("selective", None), ("every_n", "selective")])
+def test_moe_and_mla_units_keep_the_math(
+    tmp_path_factory: pytest.TempPathFactory, policy: str, vision: str | None
+) -> None:
+    """Kimi K2.6 (MLA attention, MoE blocks, its own ViT): the same losses and gradients."""
+    kimi = AdapterUnderTest(
+        "kimi_k25",
+        "tiny",
+        None,
+        plugins=["hyper_kimi_k26.plugin"],
+        workdir=tmp_path_factory.mktemp("ac-kimi"),
+    )
+    mb = kimi.micro_batch("packed")
+    base, base_grads = _loss_and_grads(kimi, _model(kimi, "none"), mb)
+    loss, grads = _loss_and_grads(kimi, _model(kimi, policy, vision), mb)
+    assert loss == pytest.approx(base, abs=1e-6)
+    for n, g in base_grads.items():
+        assert torch.allclose(grads[n], g, atol=1e-6, rtol=1e-5), n
 
 
 def test_vision_and_decoder_units_take_their_own_policies(vl: AdapterUnderTest) -> None:
