@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -167,21 +168,25 @@ def checkpointed_units(names: list[str], policy: Policy, every: int = 2) -> list
     return list(names)
 
 
-def _checkpoint_forward(module: torch.nn.Module, selective: bool) -> None:
+def _checkpointed_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A checkpointed unit's ``forward`` (bound to the unit, so a deep copy rebinds it)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    forward = module.forward
-    extra: dict[str, Any] = {"context_fn": _selective_contexts} if selective else {}
+    forward = self._hyper_unwrapped_forward
+    # Without gradients (evaluation, generation) there is no backward to replay.
+    if not (self.training and torch.is_grad_enabled()):
+        return forward(*args, **kwargs)
+    extra = {"context_fn": _selective_contexts} if self._hyper_checkpoint == "selective" else {}
+    return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, **extra)
 
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        # Without gradients (evaluation, generation) there is no backward to replay.
-        if not (module.training and torch.is_grad_enabled()):
-            return forward(*args, **kwargs)
-        return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, **extra)
 
-    checkpointed.checkpoint_policy = "selective" if selective else "full"  # type: ignore[attr-defined]
-    module.forward = checkpointed
+def _checkpoint_forward(module: torch.nn.Module, policy: Policy) -> None:
+    if unit_policy(module) != "none":
+        return  # applied already
+    module._hyper_unwrapped_forward = module.forward
+    module._hyper_checkpoint = policy
+    module.forward = types.MethodType(_checkpointed_forward, module)
     # A transformers layer with its own flag set would checkpoint a second time inside ours.
     if getattr(module, "gradient_checkpointing", False):
         module.gradient_checkpointing = False
@@ -206,16 +211,16 @@ def apply_activation_checkpointing(
     """Checkpoint the plan's units by ``policy`` (decoder) and ``vision_policy`` (vision
     tower; None: as the decoder); returns the names of the checkpointed units."""
     decoder, vision = split_units(model, plan)
-    chosen: list[tuple[str, bool]] = []
+    chosen: list[tuple[str, Policy]] = []
     for names, pol in ((decoder, policy), (vision, vision_policy or policy)):
-        chosen += [(n, pol == "selective") for n in checkpointed_units(names, pol, every)]
-    for name, selective in chosen:
-        _checkpoint_forward(model.get_submodule(name), selective)
+        whole: Policy = "selective" if pol == "selective" else "full"
+        chosen += [(n, whole) for n in checkpointed_units(names, pol, every)]
+    for name, how in chosen:
+        _checkpoint_forward(model.get_submodule(name), how)
     return [name for name, _ in chosen]
 
 
 def unit_policy(module: torch.nn.Module) -> Policy:
     """How :func:`apply_activation_checkpointing` left ``module``: ``full`` (recomputed
     whole), ``selective`` or ``none``."""
-    forward: Callable[..., Any] | None = module.__dict__.get("forward")
-    return getattr(forward, "checkpoint_policy", "none")
+    return module.__dict__.get("_hyper_checkpoint", "none")

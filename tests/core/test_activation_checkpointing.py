@@ -5,6 +5,7 @@ booleans; :func:`recompute_fraction`."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,25 @@ def test_selective_saves_less_than_none_and_more_than_full(text: AdapterUnderTes
     mb = text.micro_batch("packed")
     saved = {p: _held_bytes(text, _model(text, p), mb) for p in ("none", "selective", "full")}
     assert saved["full"] < saved["selective"] < saved["none"], saved
+
+
+def test_applying_twice_and_deep_copies_keep_one_checkpoint_per_unit(
+    text: AdapterUnderTest,
+) -> None:
+    model = _model(text, "selective")
+    plan = text.adapter.parallel_plan(model)
+    apply_activation_checkpointing(model, plan, "full")  # already wrapped: left as is
+    decoder, _ = split_units(model, plan)
+    assert {unit_policy(model.get_submodule(n)) for n in decoder} == {"selective"}
+    twin = copy.deepcopy(model)  # its units' forwards run the copy's weights
+    mb = text.micro_batch("packed")
+    base, base_grads = _loss_and_grads(text, model, mb)
+    model.zero_grad(set_to_none=True)
+    loss, grads = _loss_and_grads(text, twin, mb)
+    assert loss == pytest.approx(base, abs=1e-6) and grads.keys() == base_grads.keys()
+    assert all(p.grad is None for p in model.parameters())  # none reached the original
+    layer = twin.get_submodule(decoder[0])
+    assert layer.forward.__self__ is layer and unit_policy(layer) == "selective"
 
 
 def test_no_recompute_without_gradients(text: AdapterUnderTest) -> None:
