@@ -243,8 +243,8 @@ def parallelize_model(
 
     ``strategy`` is the :class:`~hyper_core.parallel.ParallelStrategy` named by
     ``[parallel] strategy``; the default calls its ``apply`` with the adapter's
-    :class:`~hyper_core.adapters.ParallelPlan`, after activation checkpointing (when
-    ``[training] activation_checkpointing``) of each sharding unit.
+    :class:`~hyper_core.adapters.ParallelPlan`, after activation checkpointing of the
+    sharding units by the ``[training] activation_checkpointing`` policies.
     """
 
 

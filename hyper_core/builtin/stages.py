@@ -69,10 +69,17 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
         from ..parallel.expert_parallel import expert_parallel_plan
 
         plan = expert_parallel_plan(plan, model, adapter, strategy, dist, config.parallel.ep)
-    if config.training.activation_checkpointing:
+    training = config.training
+    if "none" != training.activation_checkpointing or training.vision_activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing
 
-        apply_activation_checkpointing(model, plan)
+        apply_activation_checkpointing(
+            model,
+            plan,
+            training.activation_checkpointing,
+            training.vision_activation_checkpointing,
+            training.activation_checkpointing_every,
+        )
     if config.training.compile:
         from ..parallel.compile import apply_regional_compile
 

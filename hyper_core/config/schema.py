@@ -10,6 +10,7 @@ section's path.
 import json
 import math
 import pathlib
+import typing
 from typing import Any, Literal
 
 import attrs
@@ -18,6 +19,7 @@ from hyper_core.config.converter import Invalid, converter, describe, show
 from hyper_core.errors import ConfigError
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+CheckpointPolicy = Literal["none", "full", "every_n", "selective"]
 Validator = Any
 
 CORE_SECTIONS = ("run", "model", "data", "training", "parallel", "checkpoint", "logging")
@@ -330,6 +332,21 @@ def _unstructure_data_source(source: DataSource) -> str | dict[str, Any]:
 
 
 converter.register_structure_hook(DataSource, _structure_data_source)
+
+
+def _structure_checkpoint_policy(value: Any, cl: Any) -> str:
+    """A policy name; the booleans of older configs mean ``full`` and ``none``."""
+    if type(value) is bool:
+        return "full" if value else "none"
+    if value in typing.get_args(CheckpointPolicy):
+        return value
+    choices = ", ".join(show(a) for a in typing.get_args(CheckpointPolicy))
+    raise Invalid(f"expected one of {choices} (or true = full, false = none), got {show(value)}")
+
+
+converter.register_structure_hook_func(
+    lambda cl: cl == CheckpointPolicy, _structure_checkpoint_policy
+)
 converter.register_unstructure_hook(DataSource, _unstructure_data_source)
 
 #: ``[data] train``/``eval``: one source, or a list of sources read one after the other.
@@ -513,8 +530,28 @@ class TrainingConfig(_Section):
             "`param_dtype`/`reduce_dtype` are set); the parameters stay in [model] `dtype`."
         ),
     )
-    activation_checkpointing: bool = attrs.field(
-        default=False, metadata=meta("Recompute activations in backward.")
+    activation_checkpointing: CheckpointPolicy = attrs.field(
+        default="none",
+        metadata=meta(
+            "Recompute activations in backward, per sharding unit (decoder layer, vision "
+            "block): `none`; `selective` saves matmul and attention outputs and recomputes the "
+            "element-wise ops; `every_n` recomputes every `activation_checkpointing_every`-th "
+            "unit whole; `full` recomputes every unit (keeps only their inputs). From least "
+            "to most recompute: none, selective, every_n, full. `true` means "
+            "`full` and `false` `none`."
+        ),
+    )
+    vision_activation_checkpointing: CheckpointPolicy | None = attrs.field(
+        default=None,
+        metadata=meta(
+            "The policy of the vision tower's blocks (values as `activation_checkpointing`); "
+            "unset: as `activation_checkpointing`."
+        ),
+    )
+    activation_checkpointing_every: int = attrs.field(
+        default=2,
+        validator=at_least(1),
+        metadata=meta("With `every_n`: recompute the 1st, N+1-th, ... unit of each tower."),
     )
     tf32: bool = attrs.field(
         default=True,

@@ -111,7 +111,18 @@ def _jobs(root: Path) -> dict[str, dict[str, Any]]:
     if vl_available():
         for strategy in ("ddp", "fsdp2"):
             name = f"vl-{strategy}"
-            cfg = model_config("vl", root / name, parallel={"strategy": strategy})
+            # fsdp2 with op-level checkpointing in the decoder, every 2nd vision block whole
+            # (the 1-rank reference checkpoints nothing: the math must not change)
+            training = {
+                "activation_checkpointing": "selective",
+                "vision_activation_checkpointing": "every_n",
+            }
+            cfg = model_config(
+                "vl",
+                root / name,
+                parallel={"strategy": strategy},
+                **({"training": training} if strategy == "fsdp2" else {}),
+            )
             jobs[name] = {"config": cfg}
             mixed = f"vl-mixed-{strategy}"
             jobs[mixed] = {

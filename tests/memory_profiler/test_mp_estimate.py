@@ -197,3 +197,58 @@ def test_cli_fits_or_not(seven_b: dict[str, Any], capsys: pytest.CaptureFixture[
     )
     out = capsys.readouterr().out
     assert ": fits (" in out and "sharded over 8" in out
+
+
+def test_each_checkpointing_policy_has_its_activation_bytes(seven_b: dict[str, Any]) -> None:
+    ac = "--training.activation_checkpointing="
+    acts = {
+        p: _estimate(seven_b, 8, f'{ac}"{p}"') for p in ("none", "selective", "every_n", "full")
+    }
+    rows = {p: e.rows["activations"] for p, e in acts.items()}
+    # selective (matmul outputs of every layer) may keep less than every_n with N = 2
+    assert rows["none"] > rows["every_n"] > rows["full"] and rows["none"] > rows["selective"]
+    assert rows["selective"] > rows["full"], rows
+    assert acts["none"].transient["recompute"] == 0 < acts["selective"].transient["recompute"]
+    # every_n with N = 1 is full; the vision tower takes its own policy
+    one = _estimate(seven_b, 8, f'{ac}"every_n"', "--training.activation_checkpointing_every=1")
+    assert one.activations["language_layers"] == acts["full"].activations["language_layers"]
+    mixed = _estimate(
+        seven_b, 8, f'{ac}"none"', '--training.vision_activation_checkpointing="full"'
+    )
+    assert mixed.activations["language_layers"] == acts["none"].activations["language_layers"]
+    assert mixed.activations["vision_blocks"] == acts["full"].activations["vision_blocks"]
+
+
+def test_estimate_recommends_the_cheapest_policy_that_fits(
+    seven_b: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyper_core.cli import main
+
+    args = ["memory", "estimate", str(seven_b["path"]), "--nproc-per-node", "8"]
+    totals = {}
+    for p in ("none", "selective", "every_n", "full"):
+        main([*args, "--json", f'--training.activation_checkpointing="{p}"'])
+        totals[p] = json.loads(capsys.readouterr().out)["per_rank"]["total"]
+    # a device between selective's and none's totals: selective is the one to pick
+    device = int((totals["none"] + totals["selective"]) / 2)
+    code = main([*args, "--json", "--headroom", "0", "--device-memory", str(device)])
+    est = json.loads(capsys.readouterr().out)
+    assert code == 3 and est["recommended_checkpointing"] == "selective"
+    assert est["checkpointing_policies"] == totals
+    # full fits too, but selective recomputes less: the table says so
+    code = main(
+        [
+            *args,
+            "--headroom",
+            "0",
+            "--device-memory",
+            str(device),
+            "--training.activation_checkpointing=true",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "recommended: activation_checkpointing = 'selective'" in out
+    assert "'full' is not the cheapest that fits" in out
+    # nothing fits a tiny device
+    assert main([*args, "--headroom", "0", "--device-memory", "1GiB"]) == 3
+    assert "no activation-checkpointing policy fits" in capsys.readouterr().out

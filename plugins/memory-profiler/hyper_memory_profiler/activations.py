@@ -16,6 +16,7 @@ A frozen parameter's autocast copy has no autograd history and counts as an acti
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -136,14 +137,18 @@ class SavedTensorMeter:
             def unpack(packed: Any) -> Any:
                 return outer_unpack(packed)
 
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-        self._ctx.__enter__()
+        from hyper_core.parallel.checkpointing import observe_selective_saves
+
+        self._ctx = contextlib.ExitStack()
+        self._ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+        # selective checkpointing keeps matmul outputs in its cache, not as saved tensors
+        self._ctx.enter_context(observe_selective_saves(self._count))
 
     def stop(self) -> dict[str, int]:
         """Remove the hooks; ``{"activations", "param_copies", "saved_tensors", "storages"}``."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
-            ctx.__exit__(None, None, None)
+            ctx.close()
         return {
             "activations": sum(self._activations.values()),
             "param_copies": sum(self._copies.values()),

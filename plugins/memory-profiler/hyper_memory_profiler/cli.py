@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_size,
         default=None,
         metavar="SIZE",
-        help="memory of one device, e.g. 80GiB or 141GB: says whether it fits",
+        help="memory of one device, e.g. 80GiB or 141GB: says whether it fits, the total "
+        "under each activation-checkpointing policy and the one with the least recompute "
+        "that fits",
     )
     est.add_argument(
         "--headroom",
@@ -211,15 +214,14 @@ def _estimate(args: argparse.Namespace) -> int:
         fraction, source = args.label_fraction, "--label-fraction"
     else:
         fraction, source = label_fraction_of_data(config, host)
-    est = estimate_config(
-        config,
-        host.registries,
-        world,
-        _batch(args, config, host.registries),
-        args.rank,
-        label_fraction=fraction,
-        label_source=source,
-    )
+    batch = _batch(args, config, host.registries)
+
+    def estimate(cfg: Any) -> Any:
+        return estimate_config(
+            cfg, host.registries, world, batch, args.rank, fraction, label_source=source
+        )
+
+    est = estimate(config)
     data = est.to_json()
     data["config"] = str(args.config)
     fits = None
@@ -229,6 +231,10 @@ def _estimate(args: argparse.Namespace) -> int:
         data["device_memory"] = args.device_memory
         data["usable_memory"] = usable
         data["fits"] = fits
+        data["checkpointing_policies"] = policy_totals(config, estimate)
+        data["recommended_checkpointing"] = next(
+            (p for p, total in data["checkpointing_policies"].items() if total <= usable), None
+        )
     if args.json:
         print(json.dumps(data, indent=1))
     else:
@@ -278,6 +284,47 @@ def _model_to_estimate(config: Any, named: str | None) -> Any:
     return config
 
 
+def policy_totals(config: Any, estimate: Callable[[Any], Any]) -> dict[str, int]:
+    """Per-rank totals of ``config`` under each activation-checkpointing policy (for both
+    towers), cheapest (least recompute) first."""
+    import attrs
+
+    from hyper_core.parallel.checkpointing import POLICIES
+
+    totals = {}
+    for policy in POLICIES:
+        training = attrs.evolve(
+            config.training,
+            activation_checkpointing=policy,
+            vision_activation_checkpointing=None,
+        )
+        totals[policy] = estimate(attrs.evolve(config, training=training)).rows["total"]
+    return totals
+
+
+def _policy_text(data: dict[str, Any]) -> str:
+    decoder = data["activation_checkpointing"]
+    vision = data.get("vision_activation_checkpointing", decoder)
+    return decoder if vision == decoder else f"{decoder} (vision tower {vision})"
+
+
+def _policy_advice(data: dict[str, Any]) -> list[str]:
+    configured = data["activation_checkpointing"]
+    vision = data.get("vision_activation_checkpointing", configured)
+    best = data.get("recommended_checkpointing")
+    totals = ", ".join(f"{p} {t / GIB:.2f}" for p, t in data["checkpointing_policies"].items())
+    lines = [f"per-rank total by activation-checkpointing policy (GiB): {totals}"]
+    if best is None:
+        lines.append("no activation-checkpointing policy fits; shard more or cut the batch")
+    elif best != configured or vision != configured:
+        verdict = "does not fit" if not data["fits"] else "is not the cheapest that fits"
+        lines.append(
+            f"recommended: activation_checkpointing = {best!r} (the least recompute that "
+            f"fits); the configured {configured!r} {verdict}"
+        )
+    return lines
+
+
 def format_estimate(data: dict[str, Any]) -> str:
     """The human-readable estimate table."""
     from .report import LABELS, loss_lines
@@ -290,7 +337,7 @@ def format_estimate(data: dict[str, Any]) -> str:
         f"{lay['strategy']}"
         + (f" (parameters sharded over {shards})" if shards > 1 else " (parameters replicated)")
         + f", {mode}, activation checkpointing "
-        + ("on" if data["activation_checkpointing"] else "off"),
+        + _policy_text(data),
         f"micro-batch: {batch['rows']} row(s) × {batch['seq_len']} tokens = {batch['tokens']} "
         f"tokens, {batch['samples']} sample(s)"
         + (f", {batch['patches']} vision patches" if batch["patches"] else "")
@@ -340,5 +387,6 @@ def format_estimate(data: dict[str, Any]) -> str:
             f"device memory {data['device_memory'] / GIB:.1f} GiB, usable {usable / GIB:.1f} GiB "
             f"after headroom: {verdict} ({total / GIB:.2f} GiB = {100 * total / usable:.0f}% of "
             "usable)",
+            *_policy_advice(data),
         ]
     return "\n".join([*lines, ""])

@@ -70,9 +70,21 @@ frozen layers do not save (a frozen norm's normalised input, a frozen first laye
 stays counted, so a LoRA run's activations are an upper bound: 1.32× the measured ones for the
 tiny Qwen2.5-VL with LoRA r=8 on every linear layer and dropout 0.1 (1.59× without dropout).
 
-With activation checkpointing the units save only their input, ``r·w`` per token (or patch)
-and unit; everything inside is recomputed in backward (one unit's worth is counted as
-transient).
+Activation checkpointing is a policy per tower (``[training] activation_checkpointing``,
+``vision_activation_checkpointing``), with ``B`` a unit's bytes above, ``L`` the units:
+
+* ``full``: the units save only their input, ``r·w`` per token (or patch) and unit;
+  everything inside is recomputed in backward (one unit's ``B`` counted as transient);
+* ``every_n``: ``k = ceil(L / N)`` units save their input, the other ``L − k`` their ``B``
+  (one unit's ``B`` transient);
+* ``selective``: each unit saves its input ``r·w`` and the outputs of its matmuls and
+  attention (:func:`selective_unit_bytes`), at most ``B``; the element-wise rest, ``B`` less
+  that, of one unit is transient while recomputed.
+
+The last layer at label rows changes its bytes as above unless it is recomputed whole
+(``selective``: its matmul outputs at ``n`` rows). RoPE tables count unless every unit is
+recomputed, LoRA's own bytes with ``none`` only, and autocast's weight copies of recomputed
+units as one unit's (in the recompute).
 
 **Transient** (live at the peak, not saved for backward): the logits ``c·V`` per logits row held
 by the outputs and the fp32 gradient of the log-softmax ``F·V`` (a chunk's peak instead when
@@ -561,6 +573,23 @@ def label_rows_bytes(
     return total
 
 
+def selective_label_rows_bytes(
+    stack: StackShape, prec: Precision, parts: tuple[str, ...], tokens: int, rows: int
+) -> int:
+    """Change of the last decoder layer's ``selective`` bytes when ``parts`` of it run on
+    ``rows`` label rows of ``tokens``: their matmul and attention outputs are kept for those
+    rows only (negative)."""
+    c, w, q = prec.compute_bytes, stack.hidden, stack.heads * stack.head_dim
+    per = 0
+    if "query" in parts:  # the query projection and the attention output per query row
+        per += c * 2 * q + F * stack.heads
+    if "output" in parts:
+        per += c * w
+    if "mlp" in parts and not stack.experts_per_token:
+        per += c * ((2 if stack.mlp == "gated" else 1) * stack.intermediate + w)
+    return 8 * rows - per * (tokens - rows) if parts else 0
+
+
 def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
     """Saved bytes per patch of one vision block."""
     c, w = prec.compute_bytes, stack.hidden
@@ -574,19 +603,63 @@ def vision_block_bytes(stack: StackShape, prec: Precision, impl: str) -> int:
     return total + mlp_bytes(stack, prec)
 
 
+def selective_unit_bytes(stack: StackShape, prec: Precision, residual: int) -> int:
+    """Saved bytes per token (or patch) of one unit under ``selective``: its input and the
+    outputs of its matmuls (q/k/v, output projection, MLP and router) and attention."""
+    c, w = prec.compute_bytes, stack.hidden
+    q, kv = stack.heads * stack.head_dim, stack.kv_heads * stack.head_dim
+    qkv = 3 * w if stack.fused_qkv else q + 2 * kv
+    attention = c * (qkv + q + w) + F * stack.heads  # projections, output (+ logsumexp), o_proj
+    if stack.experts_per_token:
+        k = stack.experts_per_token
+        mlp = c * k * (2 * stack.intermediate + w) + F * stack.experts
+    else:
+        up = 2 * stack.intermediate if stack.mlp == "gated" else stack.intermediate
+        mlp = c * (up + w)
+    return residual * w + attention + mlp
+
+
+def checkpointed_count(layers: int, policy: str, every: int) -> int:
+    """How many of ``layers`` units ``policy`` recomputes whole (``full``/``every_n``)."""
+    if policy == "full":
+        return layers
+    if policy == "every_n":
+        return math.ceil(layers / every)
+    return 0
+
+
+def stack_bytes(
+    layers: int, unit: int, inputs: int, selective: int, policy: str, every: int
+) -> tuple[int, int]:
+    """``(saved, recomputed)`` bytes per token of a stack of ``layers`` units under
+    ``policy``: ``unit`` a unit's saved bytes, ``inputs`` its input's, ``selective`` what
+    ``selective`` keeps of it; ``recomputed`` is one unit's rebuilt bytes (transient)."""
+    if policy == "selective":
+        kept = min(selective, unit)
+        return layers * kept, unit - kept
+    k = checkpointed_count(layers, policy, every)
+    return k * inputs + (layers - k) * unit, unit if k else 0
+
+
 def activation_bytes(
     shape: ModelShape,
     batch: BatchShape,
     prec: Precision,
-    checkpointing: bool = False,
+    checkpointing: bool | str = False,
     loss: LossPath | None = None,
+    vision_checkpointing: str | None = None,
+    every: int = 2,
 ) -> dict[str, int]:
     """Bytes saved for backward by one micro-batch, by part; ``total`` sums them. ``loss``
-    says where the logits are made (default: every position).
+    says where the logits are made (default: every position). ``checkpointing`` is the
+    decoder's policy (``True``: ``full``), ``vision_checkpointing`` the tower's (None: the
+    decoder's), ``every`` the ``every_n`` period.
 
-    Also returns ``recompute``: with checkpointing, one unit's activations rebuilt in backward
-    (transient, not in ``total``).
+    Also returns ``recompute``: one unit's activations rebuilt in backward (transient, not in
+    ``total``).
     """
+    policy = {True: "full", False: "none"}.get(checkpointing, checkpointing)  # type: ignore[call-overload]
+    vision_policy = vision_checkpointing or policy
     impl = shape.attn_implementation
     t, tokens = shape.text, batch.tokens
     c, r = prec.compute_bytes, prec.text_residual
@@ -594,12 +667,18 @@ def activation_bytes(
     n = loss.rows
     layer = text_layer_bytes(t, prec, batch, impl)
     parts: dict[str, int] = {}
-    if checkpointing:
-        parts["language_layers"] = t.layers * r * t.hidden * tokens
-    else:
-        parts["language_layers"] = t.layers * layer * tokens
-        if loss.mode != "every_position":
+    saved, recompute = stack_bytes(
+        t.layers, layer, r * t.hidden, selective_unit_bytes(t, prec, r), policy, every
+    )
+    parts["language_layers"] = saved * tokens
+    recompute *= tokens
+    if loss.mode != "every_position":  # the last layer at label rows, unless recomputed
+        if policy == "selective":
+            rows = selective_label_rows_bytes(t, prec, shape.label_rows, tokens, n)
+            parts["language_layers"] += rows
+        elif policy == "none" or (policy == "every_n" and (t.layers - 1) % every):
             parts["language_layers"] += label_rows_bytes(t, prec, shape.label_rows, tokens, n)
+    if policy != "full":
         parts["rope"] = 2 * t.head_dim * r * tokens
     # the final norm without its output, which the LM head saves for its rows (none chunked)
     head_input = 0 if loss.mode == "chunked" else c * t.hidden * n
@@ -614,16 +693,16 @@ def activation_bytes(
     parts["inputs"] = 8 * tokens + (tokens if batch.patches else 0)
     parts["inputs"] += 0 if loss.mode == "chunked" else 8 * n + 4
     parts["inputs"] += 0 if loss.mode == "every_position" else tokens
-    recompute = layer * tokens
     v = shape.vision
     if v is not None and batch.patches:
         p = batch.patches
         block = vision_block_bytes(v, prec, impl)
         rv = prec.vision_residual
-        if checkpointing:
-            parts["vision_blocks"] = v.layers * rv * v.hidden * p
-        else:
-            parts["vision_blocks"] = v.layers * block * p
+        vsaved, vrecompute = stack_bytes(
+            v.layers, block, rv * v.hidden, selective_unit_bytes(v, prec, rv), vision_policy, every
+        )
+        parts["vision_blocks"] = vsaved * p
+        if vision_policy != "full":
             parts["vision_rope"] = 2 * v.head_dim * F * p
         parts["vision_inputs"] = shape.patch_dim * c * p
         merger = norm_bytes(v.hidden, shape.merger_norm, rv, prec, 1) + 2 * c * v.hidden
@@ -632,9 +711,9 @@ def activation_bytes(
             parts["vision_inputs"] += 16 * math.ceil(p / 4)
         if shape.vision_pos_interp:
             parts["vision_inputs"] += 48 * p
-        recompute = max(recompute, block * p)
+        recompute = max(recompute, vrecompute * p)
     parts["total"] = sum(parts.values())
-    parts["recompute"] = recompute if checkpointing else 0
+    parts["recompute"] = recompute
     return parts
 
 
@@ -840,7 +919,8 @@ class Estimate:
     layout: Layout
     precision: Precision
     batch: BatchShape
-    checkpointing: bool
+    #: The decoder's activation-checkpointing policy and the vision tower's.
+    checkpointing: str
     loss: LossPath
     state: dict[str, dict[str, Any]]
     activations: dict[str, int]
@@ -848,6 +928,7 @@ class Estimate:
     #: Parameter elements (the whole model, not per rank): ``total``, ``trainable``.
     parameters: dict[str, int] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+    vision_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         self.rows = {
@@ -873,6 +954,7 @@ class Estimate:
                 "masked": self.batch.masked,
             },
             "activation_checkpointing": self.checkpointing,
+            "vision_activation_checkpointing": self.vision_checkpointing or self.checkpointing,
             "loss_path": asdict(self.loss),
             "per_rank": dict(self.rows),
             "parameters": {
@@ -911,9 +993,14 @@ def estimate_model(
     batch = batch.with_labels(label_fraction)
     local = context_parallel_share(batch, layout.cp)  # this rank's decoder tokens
     loss = loss_path(adapter, model, config, local, label_fraction, label_source)
-    ckpt = bool(config.training.activation_checkpointing)
-    acts = activation_bytes(shape, local, prec, ckpt, loss)
-    lora = 0 if ckpt else lora_activation_bytes(model, prec, local, _vision_path(model, adapter))
+    training = config.training
+    policy = training.activation_checkpointing
+    vision_policy = training.vision_activation_checkpointing
+    every = training.activation_checkpointing_every
+    acts = activation_bytes(shape, local, prec, policy, loss, vision_policy, every)
+    lora = 0
+    if policy == "none":
+        lora = lora_activation_bytes(model, prec, local, _vision_path(model, adapter))
     if lora:
         acts["lora"] = lora
         acts["total"] += lora
@@ -940,16 +1027,23 @@ def estimate_model(
     if prec.autocast and prec.compute_weight_bytes != prec.compute_bytes:
         # chunked, the LM head runs outside autograd: its weight's copy is not saved
         head = shape.vocab * shape.text.hidden if loss.mode == "chunked" else 0
-        if ckpt:
-            transient["weight_copies"] = prec.compute_bytes * (shape.matmul_root_numel - head)
+        units = shape.matmul_weight_numel - shape.matmul_root_numel
+        # a recomputed unit's (full, every_n) or recomputed cast (selective) copy is not kept
+        kept = 1.0 - (
+            1.0
+            if policy == "selective"
+            else checkpointed_count(shape.text.layers, policy, every) / max(shape.text.layers, 1)
+        )
+        copies = shape.matmul_root_numel + int(kept * units) - head
+        transient["weight_copies"] = prec.compute_bytes * copies
+        if policy != "none":
             transient["recompute"] += prec.compute_bytes * shape.matmul_unit_numel
-        else:
-            transient["weight_copies"] = prec.compute_bytes * (shape.matmul_weight_numel - head)
     return Estimate(
         layout=layout,
         precision=prec,
         batch=batch,
-        checkpointing=ckpt,
+        checkpointing=policy,
+        vision_checkpointing=vision_policy,
         loss=loss,
         state=state,
         activations=acts,

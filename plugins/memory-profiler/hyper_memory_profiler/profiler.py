@@ -301,6 +301,8 @@ class RunProfiler:
                 "model_dtype": cfg.model.dtype,
                 "mixed_precision": cfg.training.mixed_precision,
                 "activation_checkpointing": cfg.training.activation_checkpointing,
+                "vision_activation_checkpointing": cfg.training.vision_activation_checkpointing
+                or cfg.training.activation_checkpointing,
                 "attn_implementation": cfg.model.attn_implementation,
                 "micro_batch_size": cfg.training.micro_batch_size,
                 "steps_recorded": self.cfg.steps,

@@ -164,7 +164,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{run.get('device')}, {run.get('world_size')} rank(s), strategy "
         f"`{run.get('strategy')}` (dp_shard {run.get('dp_shard')}), weights "
         f"{run.get('model_dtype')}, mixed precision {run.get('mixed_precision')}, activation "
-        f"checkpointing {'on' if run.get('activation_checkpointing') else 'off'}; status "
+        f"checkpointing {_policy(run.get('activation_checkpointing'))}; status "
         f"**{status}**."
     )
     if summary.get("error"):
@@ -349,3 +349,8 @@ def write_outputs(
         report.write_text(format_report(summary))
         written["report"] = report
     return written
+
+
+def _policy(value: bool | str | None) -> str:
+    """The run's activation-checkpointing policy (summaries before policies held a bool)."""
+    return {True: "full", False: "none", None: "none"}.get(value, str(value))  # type: ignore[arg-type]

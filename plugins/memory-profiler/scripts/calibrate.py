@@ -35,6 +35,10 @@ lr = 1e-3
 BF16 = '--training.mixed_precision="bf16"'
 AC = "--training.activation_checkpointing=true"
 CHUNK = "--training.loss_chunk_tokens=8"
+EVERY = '--training.activation_checkpointing="every_n"'
+SELECTIVE = '--training.activation_checkpointing="selective"'
+VISION_FULL = '--training.vision_activation_checkpointing="full"'
+
 CASES: list[tuple[str, str, list[str]]] = [
     ("text", "text tiny-qwen2, fp32, packed ×8", []),
     ("text", "text tiny-qwen2, bf16 autocast", [BF16]),
@@ -51,6 +55,12 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("vl", "qwen2-vl tiny, fp32", ['--model.adapter="qwen2_vl"']),
     ("vl", "qwen3-vl tiny, fp32", ['--model.adapter="qwen3_vl"']),
     ("vl", "qwen3-vl tiny, bf16 autocast", ['--model.adapter="qwen3_vl"', BF16]),
+    ("text", "text tiny-qwen2, every_n (N = 2)", [EVERY]),
+    ("text", "text tiny-qwen2, selective", [SELECTIVE]),
+    ("text", "text tiny-qwen2, selective + bf16", [SELECTIVE, BF16]),
+    ("vl", "qwen2.5-vl tiny, every_n (N = 2)", [EVERY]),
+    ("vl", "qwen2.5-vl tiny, selective", [SELECTIVE]),
+    ("vl", "qwen2.5-vl tiny, selective LM, full vision", [SELECTIVE, VISION_FULL]),
 ]
 
 
