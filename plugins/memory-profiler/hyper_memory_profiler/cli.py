@@ -243,7 +243,7 @@ def fit_hints(config: Any, world_size: int) -> list[str]:
     hints: list[str] = []
     peft = config.section("peft")
     lora = peft is not None and peft.enabled
-    if lora and peft.base_dtype is None and config.model.dtype == "float32":
+    if lora and (peft.base_dtype or config.model.dtype) == "float32":
         hints.append('[peft] base_dtype = "bfloat16" (the frozen base in bf16)')
     if not lora and config.section("peft") is not None:
         hints.append('[peft] method = "lora" (only adapters train)')
