@@ -322,16 +322,16 @@ def load_checkpoint_model(
     adapter = resolve_adapter(config.model, host.registries)
     model = adapter.build_model(config.model, device="cpu")
     state = {"model": model.state_dict()}
+    saved = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    missing = [k for k in state["model"] if f"model.{k}" not in saved]
+    if missing:
+        raise UserError(
+            f"{checkpoint}: holds part of the model (not {missing[0]}, {len(missing)} of "
+            f"{len(state['model'])} weights missing), e.g. a LoRA run's adapters: load it with "
+            "its run's config and the plugin that trained it"
+        )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-        try:
-            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
-        except RuntimeError as exc:
-            if "Missing key" not in str(exc):
-                raise
-            raise UserError(
-                f"{checkpoint}: {str(exc).splitlines()[-1].strip()}: the checkpoint holds part of "
-                "the model (e.g. a LoRA run's adapters); install the plugin that trained it"
-            ) from None
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["model"])
     return adapter, model

@@ -29,6 +29,16 @@ def _logits(model: Any) -> torch.Tensor:
         return model.eval()(input_ids=IDS).logits
 
 
+def _greedy(model: Any) -> list[int]:
+    """Six greedy tokens whatever they are (the 2-step models answer the chat prompt with the
+    end-of-turn token at once, so the CLI's answers are empty)."""
+    with torch.no_grad():
+        out = model.eval().generate(
+            input_ids=IDS[:, :8], max_new_tokens=6, min_new_tokens=6, do_sample=False
+        )
+    return [int(t) for t in out[0, 8:]]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """A 2-step run of each kind, its export (of ``latest``), its trained model's logits and
@@ -61,7 +71,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
             "latest": work / "run/checkpoints/latest",
             "export": export,
         }
-        out[kind] = {"paths": paths, "logits": _logits(model), "answer": answer}
+        out[kind] = {
+            "paths": paths,
+            "logits": _logits(model),
+            "greedy": _greedy(model),
+            "answer": answer,
+        }
     return out
 
 
@@ -85,6 +100,7 @@ def test_chat_answers_with_the_trained_model(
     path = run["paths"][where]
     loaded = load_chat_model(path, get_plugin_host(), device="cpu")
     torch.testing.assert_close(_logits(loaded.model), run["logits"], atol=1e-5, rtol=1e-5)
+    assert _greedy(loaded.model) == run["greedy"]
     capsys.readouterr()
     code = main(["chat", str(path), "--prompt", PROMPT, "--max-new-tokens", "6"])
     captured = capsys.readouterr()
@@ -121,3 +137,31 @@ def test_the_adapter_export_says_how_to_rebuild_its_base(
     readme = (export / "README.md").read_text()
     assert "`tiny-qwen2` with the random init of `[run] seed = 0`" in readme
     assert (export / "hyper_train.toml").is_file() and (export / "tokenizer.json").is_file()
+
+
+def test_a_lora_checkpoint_loaded_as_a_full_model_is_a_user_error(
+    runs: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint of adapters with a config that sets no [peft] (the core loads it in full):
+    one line, exit 2, no traceback."""
+    step = runs["lora"]["paths"]["step"]
+    config = runs["full"]["paths"]["run"] / "config.toml"
+    capsys.readouterr()
+    code = main(["chat", str(step), "--config", str(config), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"hyper-train: error: {step}: ") and "holds part of the model" in line
+
+
+def test_a_lora_checkpoint_without_the_plugin_names_its_section(
+    runs: dict[str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HYPER_TRAIN_PLUGINS", "")
+    capsys.readouterr()
+    code = main(["chat", str(runs["lora"]["paths"]["step"]), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert "$.peft: section of plugin hyper-train-peft" in err
