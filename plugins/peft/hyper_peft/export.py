@@ -103,9 +103,12 @@ def _readme(config: Any, adapter_name: str, base: str | None) -> str:
     from hyper_core.export import EXPORT_RUN_CONFIG
 
     if base is not None:
-        how = f"The base model is `{base}` (`base_model_name_or_path`):\n\n" + (
-            "```python\nfrom peft import PeftModel\n"
-            "model = PeftModel.from_pretrained(AutoModel.from_pretrained(BASE), DIR)\n```\n"
+        how = (
+            f"The base model is `{base}` (`base_model_name_or_path`); with transformers and "
+            "peft (the model's own class for a vision-language model):\n\n"
+            "```python\nfrom peft import PeftModel\nfrom transformers import "
+            "AutoModelForCausalLM\n\nbase = AutoModelForCausalLM.from_pretrained("
+            f"{base!r})\nmodel = PeftModel.from_pretrained(base, DIR)\n```\n"
         )
     else:
         how = (
@@ -198,6 +201,8 @@ def trained_model(
         for name, param in params.items():
             param.copy_(trained[name])
         if merge:
+            # a bf16 base ([peft] base_dtype) takes the update in [model] dtype, unrounded
+            model.to(getattr(torch, config.model.dtype))
             merge_lora(model)
     return adapter, model
 
