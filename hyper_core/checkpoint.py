@@ -151,8 +151,18 @@ def run_config_for(checkpoint: Path) -> Path | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A complete checkpoint folder from a ``step-N`` folder, a ``checkpoints`` folder or a
-    run's ``output_dir`` (the latest complete one); :class:`UserError` if there is none."""
+    run's ``output_dir`` (the latest complete one), or the ``latest`` pointer file (the
+    checkpoint it names); :class:`UserError` if there is none."""
     path = Path(path)
+    if path.is_file() and path.name == "latest":
+        name = path.read_text().strip()
+        target = path.parent / name
+        if _STEP_RE.match(name) and (target / COMPLETE).is_file():
+            return target
+        raise UserError(
+            f"{path}: points to {name!r} ({target}), which is not a complete checkpoint "
+            f"(no {COMPLETE} marker); pass a checkpoints/step-N folder or the run's output_dir"
+        )
     if (path / COMPLETE).is_file():
         return path
     for root in (path, path / "checkpoints"):

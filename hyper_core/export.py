@@ -188,6 +188,11 @@ def export_state_dict(
 EXPORT_RECORD = "hyper_train.json"
 
 
+#: In an export that does not hold the whole model (e.g. a PEFT adapter directory): the config
+#: of the run that trained it, from which ``hyper-train chat`` rebuilds the rest.
+EXPORT_RUN_CONFIG = "hyper_train.toml"
+
+
 def write_export_record(out_dir: Path, adapter_name: str) -> None:
     """Record the adapter of the export in ``out_dir``."""
     import json

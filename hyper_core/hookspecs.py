@@ -112,7 +112,7 @@ REGISTRATION_HOOKS: tuple[str, ...] = (
 )
 
 #: Hooks a ``hyper-train`` subcommand calls (outside a run).
-COMMAND_HOOKS: tuple[str, ...] = ("export_checkpoint",)
+COMMAND_HOOKS: tuple[str, ...] = ("export_checkpoint", "load_checkpoint_model")
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,4 +571,28 @@ def export_checkpoint(
                 return None  # the core writes the full model
             write_my_format(checkpoint, out_dir)  # e.g. only the weights the plugin trained
             return out_dir
+    """
+
+
+@hookspec(firstresult=True)
+def load_checkpoint_model(
+    config: Config, registries: Registries, checkpoint: Path
+) -> tuple[ModelAdapter, torch.nn.Module] | None:
+    """The adapter and the trained model of a run's checkpoint, on the CPU, for inference
+    (``hyper-train chat``).
+
+    ``checkpoint`` is the resolved ``checkpoints/step-N`` folder, or an exported folder that
+    records its run's config (e.g. ``hyper-train-peft``'s adapter directory); ``config`` the
+    run's config. Return ``None`` to leave it to the next implementation; without one the core
+    builds the model as configured and loads every weight from the checkpoint
+    (:func:`hyper_core.inference.load_checkpoint_model`). A plugin whose checkpoints hold part
+    of the model (e.g. only LoRA adapters) rebuilds the rest here.
+
+    Example::
+
+        @hookimpl
+        def load_checkpoint_model(config, registries, checkpoint):
+            if not config.section("my_plugin").enabled:
+                return None  # the core loads the full model
+            return load_my_format(config, registries, checkpoint)  # (adapter, model)
     """

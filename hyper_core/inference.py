@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .errors import UserError
+from .export import EXPORT_RUN_CONFIG
 
 if TYPE_CHECKING:
     import torch
@@ -204,11 +205,15 @@ def load_chat_model(
     adapter: str | None = None,
     device: str | None = None,
 ) -> ChatModel:
-    """The model of ``path``: an exported folder, a ``checkpoints/step-N`` folder, or a run's
-    ``output_dir`` (its latest complete checkpoint, else its ``hf/`` export).
+    """The model of ``path``: an exported folder, a ``checkpoints/step-N`` folder, the
+    ``checkpoints/latest`` pointer, or a run's ``output_dir`` (its latest complete checkpoint,
+    else its ``hf/`` export).
 
-    A checkpoint needs the run's config (``output_dir/config.toml``, or ``config.step-M.toml`` of
-    a resumed run, or ``config_path``). An export's adapter is ``adapter``, else its run's
+    A checkpoint (and an export that records its run's config, :data:`EXPORT_RUN_CONFIG`, such
+    as a LoRA adapter directory) is loaded by a plugin's ``load_checkpoint_model`` hook, else in
+    full by :func:`load_checkpoint_model`. It needs the run's config
+    (``output_dir/config.toml``, or ``config.step-M.toml`` of a resumed run, or
+    ``config_path``). An export's adapter is ``adapter``, else its run's
     (``output_dir/hf``), else the one that config.json's ``model_type`` names.
     ``device``: default CUDA when available, else the CPU.
     """
@@ -224,16 +229,23 @@ def load_chat_model(
         raise UserError(f"--device {device}: CUDA is not available here")
     if is_export_dir(path):
         chat = _load_export(path, host, adapter)
+    elif (path / EXPORT_RUN_CONFIG).is_file():
+        chat = _load_checkpoint(path, host, config_path or path / EXPORT_RUN_CONFIG)
     else:
         try:
             checkpoint = resolve_checkpoint(path)
         except UserError:
-            if not is_export_dir(path / "hf"):
+            if path.is_file() and path.name == "latest":
+                raise  # names the step it points to
+            if is_export_dir(path / "hf"):
+                chat = _load_export(path / "hf", host, adapter)
+            elif (path / "hf" / EXPORT_RUN_CONFIG).is_file():
+                chat = _load_checkpoint(path / "hf", host, path / "hf" / EXPORT_RUN_CONFIG)
+            else:
                 raise UserError(
                     f"{path}: not a checkpoint, a run's output_dir with one, or an exported "
-                    "model (config.json + *.safetensors)"
+                    "model (config.json + *.safetensors, or a LoRA adapter directory)"
                 ) from None
-            chat = _load_export(path / "hf", host, adapter)
         else:
             chat = _load_checkpoint(checkpoint, host, config_path)
     chat.model.to(device)
@@ -270,7 +282,7 @@ def _run_adapter(export: Path) -> str | None:
 
 
 def _load_checkpoint(checkpoint: Path, host: PluginHost, config_path: str | Path | None) -> Any:
-    from .checkpoint import run_config_for
+    from .checkpoint import COMPLETE, run_config_for
     from .config import load_config
 
     config_file = Path(config_path) if config_path else run_config_for(checkpoint)
@@ -278,7 +290,17 @@ def _load_checkpoint(checkpoint: Path, host: PluginHost, config_path: str | Path
         where = config_file or checkpoint.parent.parent / "config.toml"
         raise UserError(f"{where}: no config found for {checkpoint} (pass --config)")
     config = load_config(config_file, (), host.registries.config_sections)
-    adapter, model = load_checkpoint_model(config, host, checkpoint)
+    loaded = host.call_stage(
+        "load_checkpoint_model", config=config, registries=host.registries, checkpoint=checkpoint
+    )
+    if loaded is None:
+        if not (checkpoint / COMPLETE).is_file():
+            raise UserError(
+                f"{checkpoint}: an export that no installed plugin loads (its run's config "
+                f"{config_file} names the plugin that wrote it)"
+            )
+        loaded = load_checkpoint_model(config, host, checkpoint)
+    adapter, model = loaded
     return ChatModel(adapter=adapter, model=model, assets=adapter.build_assets(config.model))
 
 
@@ -300,6 +322,14 @@ def load_checkpoint_model(
     adapter = resolve_adapter(config.model, host.registries)
     model = adapter.build_model(config.model, device="cpu")
     state = {"model": model.state_dict()}
+    saved = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    missing = [k for k in state["model"] if f"model.{k}" not in saved]
+    if missing:
+        raise UserError(
+            f"{checkpoint}: holds part of the model (not {missing[0]}, {len(missing)} of "
+            f"{len(state['model'])} weights missing), e.g. a LoRA run's adapters: load it with "
+            "its run's config and the plugin that trained it"
+        )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
         dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)

@@ -66,7 +66,9 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
 
     export = sub.add_parser("export", help="write a checkpoint in the Hugging Face layout")
     global_options(export)
-    export.add_argument("checkpoint", help="a checkpoints/step-N folder")
+    export.add_argument(
+        "checkpoint", help="a checkpoints/step-N folder, checkpoints/latest or a run's output_dir"
+    )
     export.add_argument("--out", required=True, help="output directory")
     export.add_argument("--config", default=None, help="the run's config (default: its copy)")
     export.add_argument(
@@ -97,7 +99,11 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         "to the next message, /clear forgets the conversation, exit or EOF ends).",
     )
     global_options(chat)
-    chat.add_argument("model", help="a checkpoints/step-N folder, a run's output_dir or an export")
+    chat.add_argument(
+        "model",
+        help="a checkpoints/step-N folder, checkpoints/latest, a run's output_dir or an export "
+        "(a LoRA adapter directory too)",
+    )
     chat.add_argument("--prompt", default=None, help="answer this one message and exit")
     chat.add_argument(
         "--image", action="append", default=[], metavar="PATH", help="attach an image (repeatable)"

@@ -82,3 +82,26 @@ def test_export_example_takes_the_runs_of_its_plugin(tmp_path: Path, enabled: bo
     assert (out, written) == (
         (tmp_path / "out", [(ckpt, tmp_path / "out")]) if enabled else (None, [])
     )
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_load_example_takes_the_checkpoints_of_its_plugin(tmp_path: Path, enabled: bool) -> None:
+    """The docs' ``load_checkpoint_model`` example: it loads its plugin's checkpoints and leaves
+    the others to the core."""
+    module = types.ModuleType("example_load_checkpoint_model")
+    module.__dict__.update(
+        hookimpl=hookimpl, load_my_format=lambda config, registries, ckpt: ("adapter", ckpt)
+    )
+    exec(compile(example_of("load_checkpoint_model") or "", "<example>", "exec"), module.__dict__)
+    host = isolated_host([MyPluginSection(), module])
+    from hyper_core.config import load_config_dict
+
+    raw = tiny_text_config(tmp_path / "run", my_plugin={"enabled": enabled})
+    config = load_config_dict(raw, sections=host.registries.config_sections)
+    loaded = host.call_stage(
+        "load_checkpoint_model",
+        config=config,
+        registries=host.registries,
+        checkpoint=tmp_path / "step-1",
+    )
+    assert loaded == (("adapter", tmp_path / "step-1") if enabled else None)

@@ -103,3 +103,34 @@ def test_lora_estimate_is_below_full_fine_tuning(tmp_path: Path) -> None:
     assert rows["lora"]["params"] > rows["full"]["params"]  # the base plus the adapters
     assert rows["lora"]["grads"] < rows["full"]["grads"] / 3
     assert rows["lora"]["optimizer"] < rows["full"]["optimizer"] / 3
+
+
+def test_a_bf16_base_is_measured_as_estimated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[peft] base_dtype = "bfloat16"``: the profiler measures the frozen base in bf16 and the
+    LoRA weights, gradients and AdamW state in fp32, as the estimate counts them."""
+    from hyper_core.cli import main
+    from hyper_memory_profiler.report import first_measured_step, measured_state
+
+    extra = PROFILER_ON + PEFT + 'base_dtype = "bfloat16"\n'
+    config = write_config(tmp_path / "lora.toml", tmp_path / "out", extra=extra)
+    run_in_process(config)
+    record = json.loads((tmp_path / "out" / "memory" / "summary.json").read_text())["ranks"][0]
+    batch = first_measured_step(record)["batch"]
+    argv = ["memory", "estimate", str(config), "--json"]
+    argv += ["--tokens", str(batch["rows"] * batch["seq_len"]), "--samples", str(batch["samples"])]
+    argv += ["--patches", str(batch["patches"])]
+    capsys.readouterr()
+    assert main(argv) == 0
+    est = json.loads(capsys.readouterr().out)
+    measured = measured_state(record)
+    for key in ("params", "grads", "optimizer", "buffers"):
+        assert est["per_rank"][key] == measured[key]["total"], key
+    trainable = est["parameters"]["trainable"]
+    by_dtype = est["state"]["params"]["by_dtype"]
+    assert by_dtype == {
+        "float32": 4 * trainable,
+        "bfloat16": 2 * (est["parameters"]["total"] - trainable),
+    }
+    assert set(est["state"]["optimizer"]["by_dtype"]) == {"float32"}

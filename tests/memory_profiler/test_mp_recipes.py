@@ -13,6 +13,7 @@ import pytest
 from mp_helpers import REPO, VL
 
 from hyper_core.cli import main
+from hyper_memory_profiler.cli import EXIT_DOES_NOT_FIT
 
 pytestmark = pytest.mark.skipif(not VL, reason="needs hyper-train-qwen-vl")
 
@@ -133,17 +134,27 @@ def test_72b_recipe_builds_the_published_model_on_meta(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("hyper_peft") is None, reason="needs hyper-train-peft")
 def test_lora_recipe_fits_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    """LoRA r=16 on the language model of the 7B: one 80 GB GPU, fp32 frozen base with bf16
-    autocast; gradients and AdamW state only for the 40.4 M LoRA weights (16 per layer and
-    projection: 28 layers × 16 × (in + out) of q, k, v, o, gate, up, down)."""
+    """LoRA r=16 on the language model of the 7B: one 24 GB GPU at 4096 tokens, the frozen
+    base in bf16 ([peft] base_dtype), gradients and AdamW state only for the 40.4 M fp32 LoRA
+    weights (16 per layer and projection: 28 layers × 16 × (in + out) of q, k, v, o, gate, up,
+    down). With the base in fp32 it does not fit, and the estimate says what to change."""
     recipe = CONFIGS / "qwen2_5_vl_7b_lora.toml"
     argv = ["memory", "estimate", str(recipe), "--model-config", "qwen2.5-vl-7b"]
-    assert main([*argv, "--device-memory", "80GiB", "--json"]) == 0
+    assert main([*argv, "--device-memory", "24GiB", "--json"]) == 0
     est = json.loads(capsys.readouterr().out)
     assert est["fits"] and est["layout"]["world_size"] == 1
     trainable = 28 * 16 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))
     assert est["parameters"]["trainable"] == trainable == 40_370_176
     assert est["per_rank"]["grads"] == 4 * trainable
+    params = est["state"]["params"]["by_dtype"]
+    assert params["float32"] == 4 * trainable  # only the LoRA weights are fp32
+    assert params["bfloat16"] == 2 * (est["parameters"]["total"] - trainable)
+    assert est["per_rank"]["weight_copies"] == 0  # a bf16 base needs no autocast copy
     assert set(est["state"]["grads"]["by_group"]) == {"language"}
-    assert est["loss_path"]["mode"] == "label_positions"  # 3,113 label rows: one chunk
+    assert est["loss_path"]["mode"] == "label_positions"
     assert est["per_rank"]["total"] / 2**30 == pytest.approx(header_gib(recipe), abs=0.06)
+
+    fp32 = [*argv, "--device-memory", "24GiB", "--peft.base_dtype=float32"]
+    assert main(fp32) == EXIT_DOES_NOT_FIT
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith('to need less, change: [peft] base_dtype = "bfloat16"'), last

@@ -4,6 +4,7 @@ giving the trained model's logits; clear errors otherwise."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,18 @@ def test_adapter_dir_and_merge_give_the_trained_logits(
 
     assert _export(tmp_path / "run", config, tmp_path / "adapter") == 0
     files = sorted(p.name for p in (tmp_path / "adapter").iterdir())
-    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+    assert files == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "chat_template.jinja",
+        "hyper_train.json",
+        "hyper_train.toml",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    recorded = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str(base_dir.resolve())
     saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     trainable = [n for n, p in run.trainer.unwrapped_model.named_parameters() if p.requires_grad]
     assert len(saved) == len(trainable)  # the adapters and model.norm, nothing of the base
@@ -132,7 +144,18 @@ def test_export_hf_at_the_end_of_a_lora_run_writes_the_adapter_dir(
     run = train(raw, steps=2)
     hf = tmp_path / "run" / "hf"
     files = sorted(p.name for p in hf.iterdir())
-    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+    assert files == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "chat_template.jinja",
+        "hyper_train.json",
+        "hyper_train.toml",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    recorded = json.loads((hf / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str(base_dir.resolve())
     trained = _logits(run.trainer.unwrapped_model)
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base_dir)), str(hf))
     assert (_logits(loaded) - trained).abs().max() <= 1e-5

@@ -235,11 +235,32 @@ def _estimate(args: argparse.Namespace) -> int:
         data["recommended_checkpointing"] = next(
             (p for p, total in data["checkpointing_policies"].items() if total <= usable), None
         )
+        if not fits:
+            data["hint"] = fit_hints(config, world)
     if args.json:
         print(json.dumps(data, indent=1))
     else:
         sys.stdout.write(format_estimate(data))
     return EXIT_DOES_NOT_FIT if fits is False else 0
+
+
+def fit_hints(config: Any, world_size: int) -> list[str]:
+    """What to change in ``config`` to need less memory, the largest saving first."""
+    hints: list[str] = []
+    peft = config.section("peft")
+    lora = peft is not None and peft.enabled
+    if lora and (peft.base_dtype or config.model.dtype) == "float32":
+        hints.append('[peft] base_dtype = "bfloat16" (the frozen base in bf16)')
+    if not lora and config.section("peft") is not None:
+        hints.append('[peft] method = "lora" (only adapters train)')
+    if not config.training.activation_checkpointing:
+        hints.append("[training] activation_checkpointing = true")
+    if config.training.micro_batch_size > 1:
+        hints.append("a smaller [training] micro_batch_size")
+    hints.append("a smaller [data] max_seq_len")
+    if config.parallel.strategy != "fsdp2" or world_size == 1:
+        hints.append('more GPUs with [parallel] strategy = "fsdp2" (--nproc-per-node)')
+    return hints
 
 
 def label_fraction_of_data(config: Any, host: Any) -> tuple[float, str]:
@@ -389,4 +410,6 @@ def format_estimate(data: dict[str, Any]) -> str:
             "usable)",
             *_policy_advice(data),
         ]
+        if data.get("hint"):
+            lines.append("to need less, change: " + "; ".join(data["hint"]))
     return "\n".join([*lines, ""])

@@ -196,6 +196,9 @@ class Precision:
         from hyper_core.step.precision import fsdp_precision
 
         weight = _DTYPE_BYTES[config.model.dtype]
+        peft = config.section("peft")
+        if peft is not None and peft.enabled and peft.base_dtype is not None:
+            weight = _DTYPE_BYTES[peft.base_dtype]  # the frozen base (hyper-train-peft)
         mp = fsdp_precision(config.parallel, config.training)
         compute_weight = _DTYPE_BYTES[mp.param_dtype] if sharded and mp.param_dtype else weight
         autocast = config.training.mixed_precision == "bf16"

@@ -71,6 +71,18 @@ class PeftConfig:
             '`["lm_head", "embed_tokens"]` when tokens were added.'
         ),
     )
+    base_dtype: Literal["bfloat16", "float16", "float32"] | None = attrs.field(
+        default=None,
+        metadata=meta(
+            "The frozen base weights' dtype, with the trainable parameters (the adapters, "
+            "`modules_to_save`) and so their gradients and AdamW state in fp32: `bfloat16` "
+            "halves the base of an fp32 run (LLaMA-Factory's default for LoRA), e.g. a 7B "
+            "model on one 24 GB GPU. Unset: every weight in [model] `dtype`, as before (the "
+            "default does not depend on the device, so one config trains the same math on "
+            "CPU and GPU). Compute follows the weights: a bf16 base computes in bf16 with or "
+            "without autocast."
+        ),
+    )
     init_from: str | None = attrs.field(
         default=None,
         metadata=meta(

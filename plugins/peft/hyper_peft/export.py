@@ -6,6 +6,9 @@ Without ``--merge`` it writes a standard PEFT adapter directory (``adapter_confi
 model is built on meta for names and shapes. With ``--merge`` the base (``[model] path``, or
 the seeded random init of ``[model] config``) is loaded on the CPU, the adapters are merged
 into its weights, and the full model is written in the Hugging Face layout like any export.
+The adapter directory also holds the tokenizer/processor files and the run's config
+(:data:`hyper_core.export.EXPORT_RUN_CONFIG`), from which ``hyper-train chat`` rebuilds the
+base (:func:`trained_model`).
 """
 
 from __future__ import annotations
@@ -87,11 +90,51 @@ def save_adapter_dir(
     return out_dir
 
 
+def base_reference(config: Any) -> str | None:
+    """``base_model_name_or_path``: ``[model] path`` (absolute when it is a local folder), or
+    None for a base built from a named config (random init of ``[run] seed``)."""
+    if config.model.path is None:
+        return None
+    local = Path(config.model.path).expanduser()
+    return str(local.resolve()) if local.exists() else str(config.model.path)
+
+
+def _readme(config: Any, adapter_name: str, base: str | None) -> str:
+    from hyper_core.export import EXPORT_RUN_CONFIG
+
+    if base is not None:
+        how = (
+            f"The base model is `{base}` (`base_model_name_or_path`); with transformers and "
+            "peft (the model's own class for a vision-language model):\n\n"
+            "```python\nfrom peft import PeftModel\nfrom transformers import "
+            "AutoModelForCausalLM\n\nbase = AutoModelForCausalLM.from_pretrained("
+            f"{base!r})\nmodel = PeftModel.from_pretrained(base, DIR)\n```\n"
+        )
+    else:
+        how = (
+            f"The base model has no weights file: it is adapter `{adapter_name}`'s named config "
+            f"`{config.model.config}` with the random init of `[run] seed = {config.run.seed}` "
+            "(so `base_model_name_or_path` is null). `hyper-train chat DIR` rebuilds it from "
+            f"`{EXPORT_RUN_CONFIG}` (the run's config); `hyper-train export CHECKPOINT --merge` "
+            "writes the merged model for other tools.\n"
+        )
+    return (
+        "# LoRA adapters (hyper-train-peft)\n\n"
+        "A PEFT adapter directory: `adapter_config.json`, `adapter_model.safetensors`, the "
+        f"tokenizer/processor files, and `{EXPORT_RUN_CONFIG}`, the config of the run that "
+        "trained it.\n\n" + how + "\n`hyper-train chat DIR` answers with the base and these "
+        "adapters.\n"
+    )
+
+
 def write_adapter_dir(
     config: Any, registries: Any, checkpoint: Path, out_dir: Path, options: Any
 ) -> Path:
-    """The PEFT adapter directory of ``checkpoint`` in ``out_dir``."""
+    """The PEFT adapter directory of ``checkpoint`` in ``out_dir``, with the tokenizer/
+    processor files, the run's config and a README that says how to rebuild the base."""
     from hyper_core.builtin.resolve import resolve_adapter
+    from hyper_core.config import dump_config
+    from hyper_core.export import EXPORT_RUN_CONFIG, write_export_record
 
     cfg = config.section("peft")
     adapter = resolve_adapter(config.model, registries)
@@ -108,7 +151,60 @@ def write_adapter_dir(
     trained = _read_trained(checkpoint, params)
     dtype = _dtype(options, adapter, config)
     cast = {n: t.to(dtype) if t.is_floating_point() else t for n, t in trained.items()}
-    return save_adapter_dir(cast, cfg, targets, to_save, out_dir, config.model.path)
+    base = base_reference(config)
+    save_adapter_dir(cast, cfg, targets, to_save, out_dir, base)
+    adapter.build_assets(config.model).save(out_dir)
+    (out_dir / EXPORT_RUN_CONFIG).write_text(dump_config(config))
+    (out_dir / "README.md").write_text(_readme(config, adapter.name, base))
+    write_export_record(out_dir, adapter.name)
+    return out_dir
+
+
+def _read_adapter_dir(path: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """``params``' values in the adapter directory ``path`` (one error naming a missing one)."""
+    from .lora import read_adapter_weights
+
+    saved = read_adapter_weights(path)
+    missing = [n for n in params if saved_name(n) not in saved]
+    if missing:
+        raise UserError(
+            f"{path / ADAPTER_WEIGHTS} lacks {len(missing)} of the {len(params)} weights its "
+            f"run's [peft] section trains (e.g. {saved_name(missing[0])})"
+        )
+    return {n: saved[saved_name(n)] for n in params}
+
+
+def trained_model(
+    config: Any, registries: Any, checkpoint: Path, *, merge: bool = False
+) -> tuple[Any, Any]:
+    """The adapter and the CPU model of a LoRA run's ``checkpoint`` (a DCP checkpoint or an
+    adapter directory): the base rebuilt as the run built it (``[model] path``, or the seeded
+    random init of ``[model] config``), LoRA injected (``[peft] base_dtype`` applied) and the
+    trained weights loaded; with ``merge`` the adapters merged into the base layers."""
+    import torch
+
+    from hyper_core.builtin.resolve import resolve_adapter
+    from hyper_core.parallel.setup import seed_everything
+
+    cfg = config.section("peft")
+    adapter = resolve_adapter(config.model, registries)
+    if config.model.path is None:  # the run's base is the seeded init, as setup_distributed
+        seed_everything(config.run.seed, config.run.deterministic)
+    model = adapter.build_model(config.model, device="cpu")
+    apply_lora(model, adapter, cfg)
+    params = _trainable(model)
+    if (checkpoint / ADAPTER_WEIGHTS).is_file():
+        trained = _read_adapter_dir(checkpoint, params)
+    else:
+        trained = _read_trained(checkpoint, params)
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(trained[name])
+        if merge:
+            # a bf16 base ([peft] base_dtype) takes the update in [model] dtype, unrounded
+            model.to(getattr(torch, config.model.dtype))
+            merge_lora(model)
+    return adapter, model
 
 
 def merge_lora(model: Any) -> None:
@@ -127,24 +223,9 @@ def write_merged(
     """The base model with ``checkpoint``'s adapters merged in, in the Hugging Face layout.
 
     Holds the base model in CPU memory once (``[model] dtype``)."""
-    import torch
-
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.export import group_keys, layout_for, write_export_record, write_hf_export
-    from hyper_core.parallel.setup import seed_everything
 
-    cfg = config.section("peft")
-    adapter = resolve_adapter(config.model, registries)
-    if config.model.path is None:  # the run's base is the seeded init, as setup_distributed
-        seed_everything(config.run.seed, config.run.deterministic)
-    model = adapter.build_model(config.model, device="cpu")
-    apply_lora(model, adapter, cfg)
-    params = _trainable(model)
-    trained = _read_trained(checkpoint, params)
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(trained[name])
-        merge_lora(model)
+    adapter, model = trained_model(config, registries, checkpoint, merge=True)
     dtype = _dtype(options, adapter, config)
     state = model.state_dict()
     groups = group_keys(state)

@@ -125,7 +125,21 @@ def apply_lora(model: Any, adapter: Any, cfg: PeftConfig) -> list[str]:
         param.requires_grad_(LORA_MARK in name)
     for name in to_save:
         model.get_submodule(name).requires_grad_(True)
+    if cfg.base_dtype is not None:
+        cast_base(model, cfg.base_dtype)
     return targets
+
+
+def cast_base(model: Any, base_dtype: str) -> None:
+    """Frozen floating-point parameters to ``base_dtype``, trainable ones to fp32 (in place, on
+    any device, meta included; tied parameters are one tensor). Buffers (rotary frequencies)
+    keep their dtype."""
+    import torch
+
+    base = getattr(torch, base_dtype)
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(torch.float32 if param.requires_grad else base)
 
 
 def read_adapter_weights(path: Path) -> dict[str, Any]:

@@ -65,6 +65,18 @@ def export_checkpoint(
     return write(config, registries, checkpoint, out_dir, options)
 
 
+@hookimpl
+def load_checkpoint_model(config: Any, registries: Any, checkpoint: Path) -> tuple[Any, Any] | None:
+    """A LoRA run's checkpoint or adapter directory: the base rebuilt as the run built it, with
+    the trained adapters (:func:`hyper_peft.export.trained_model`)."""
+    cfg = config.section(SECTION)
+    if cfg is None or not cfg.enabled:
+        return None
+    from .export import trained_model
+
+    return trained_model(config, registries, checkpoint)
+
+
 class PeftRun:
     """One LoRA run: injects the adapters and checkpoints only the trainable parameters."""
 
