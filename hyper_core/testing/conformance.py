@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from .conformance_inference import NotApplicable, check_stock_inference
+from .conformance_tokens import check_one_pass_tokens
 
 #: Tolerance of the equivalence checks (packed vs padded, export round trip).
 ATOL = 1e-5
@@ -574,6 +575,7 @@ CHECKS: dict[str, Callable[[AdapterUnderTest], str]] = {
     "vision_encoder": check_vision_encoder,
     "flops": check_flops,
     "export_roundtrip": check_export_roundtrip,
+    "one_pass_tokens": check_one_pass_tokens,
     "stock_inference": check_stock_inference,
     "two_rank_fsdp2": check_two_rank_fsdp2,
 }
@@ -626,5 +628,6 @@ __all__ = [
     "ConformanceReport",
     "NotApplicable",
     "check_adapter",
+    "check_one_pass_tokens",
     "check_stock_inference",
 ]

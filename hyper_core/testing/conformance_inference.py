@@ -48,19 +48,11 @@ def _one_image_sample(t: AdapterUnderTest) -> Mapping[str, Any]:
 
 
 def _same_ids(what: str, got: Sequence[int], expected: Sequence[int], tokenizer: Any) -> None:
-    if list(got) == list(expected):
-        return
-    at = next(
-        (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))
-    )
+    from .conformance_tokens import describe_difference
 
-    def around(ids: Sequence[int]) -> str:
-        return repr(tokenizer.decode(list(ids[max(0, at - 8) : at + 8])))
-
-    raise AssertionError(
-        f"{what}: stock ids differ from training's at token {at} of {len(expected)} "
-        f"(stock {len(got)} tokens): stock {around(got)} vs training {around(expected)}"
-    )
+    diff = describe_difference(got, expected, tokenizer, ("stock", "training"))
+    if diff:
+        raise AssertionError(f"{what}: stock ids {diff}")
 
 
 def _stock_model(out: Path, fallback: type, vision: bool) -> Any:
