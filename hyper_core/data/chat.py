@@ -341,12 +341,13 @@ def _tokenize_one_pass(
     raw_ids: list[int] = encoding.ids
     offsets: list[tuple[int, int]] = encoding.offsets
     # A token is trained when it covers a character of a trained span (" a" after the prefix
-    # "Assistant:" does); an empty-offset token when it sits inside one.
-    starts = [a for a, _ in loss_spans]
-    raw_loss = []
-    for s, e in offsets:
-        k = (bisect.bisect_left(starts, e) if e > s else bisect.bisect_right(starts, s)) - 1
-        raw_loss.append(k >= 0 and loss_spans[k][1] > s)
+    # "Assistant:" does). Offsets are in text order, so each span's tokens are a slice.
+    starts = [s for s, _ in offsets]
+    ends = [e for _, e in offsets]
+    raw_loss = [False] * len(raw_ids)
+    for a, b in loss_spans:
+        lo, hi = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+        raw_loss[lo:hi] = [True] * (hi - lo)
     if not image_spans:
         return raw_ids, raw_loss, []
     assert image_tokens is not None
