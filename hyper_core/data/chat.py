@@ -337,6 +337,24 @@ def _tokenize_one_pass(
     if image_tokens is None and any(kind == "image" for kind, _, _ in pieces):
         raise SampleError("bad_format", "sample has an image but the model takes none")
     text, loss_spans, image_spans = _render_spans(pieces, image_placeholder)
+    return tokenize_rendered(tokenizer, text, loss_spans, image_spans, image_tokens)
+
+
+def tokenize_rendered(
+    tokenizer: Any,
+    text: str,
+    loss_spans: Sequence[tuple[int, int]],
+    image_spans: Sequence[tuple[int, int, Any]],
+    image_tokens: ImageTokens | None,
+) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    """``text`` tokenised once by a fast tokenizer: its ids, whether each is trained (it covers
+    a character of a ``loss_spans`` span, ``(start, end)`` in characters) and the token spans
+    of the images, each image's placeholder tokens (characters ``start:end``, third element
+    passed to ``image_tokens(index, part)``) replaced by ``image_tokens``' ids.
+
+    Raises :class:`SampleError` ``image_token_mismatch`` when a placeholder's characters do
+    not tokenise on their own (a token spans its edge).
+    """
     encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
     raw_ids: list[int] = encoding.ids
     offsets: list[tuple[int, int]] = encoding.offsets
@@ -350,7 +368,8 @@ def _tokenize_one_pass(
         raw_loss[lo:hi] = [True] * (hi - lo)
     if not image_spans:
         return raw_ids, raw_loss, []
-    assert image_tokens is not None
+    if image_tokens is None:
+        raise SampleError("bad_format", "sample has an image but the model takes none")
     ids: list[int] = []
     loss: list[bool] = []
     spans: list[tuple[int, int]] = []
@@ -367,8 +386,8 @@ def _tokenize_one_pass(
         if merged or first == t or offsets[first][0] != a or offsets[t - 1][1] != b:
             raise SampleError(
                 "image_token_mismatch",
-                f"image {index}: the placeholder {image_placeholder!r} merges with the text "
-                "around it into other tokens (it must tokenise on its own, as special tokens do)",
+                f"image {index}: the placeholder {text[a:b]!r} merges with the text around it "
+                "into other tokens (it must tokenise on its own, as special tokens do)",
             )
         toks = [int(x) for x in image_tokens(index, part)]
         spans.append((len(ids), len(ids) + len(toks)))
