@@ -8,8 +8,10 @@
 Each check is a function of an :class:`AdapterUnderTest` in :data:`CHECKS`; it raises
 ``AssertionError`` with what is wrong. Text adapters (no processor) are held to the text
 contract (no vision encoder, image samples rejected); vision-language adapters to the VL one
-(odd-sized images, several per sample, per-image encoder, vision FLOPs). Every export must
-serve stock transformers (:func:`~hyper_core.testing.conformance_inference.check_stock_inference`);
+(odd-sized images, several per sample, per-image encoder, vision FLOPs). Training's ids must be
+the saved chat template's (:func:`~hyper_core.testing.conformance_tokens.check_one_pass_tokens`)
+and every export must serve stock transformers
+(:func:`~hyper_core.testing.conformance_inference.check_stock_inference`);
 a check that cannot apply (no stock processor loads) reports ``not applicable`` with the reason.
 The 2-rank ``fsdp2`` check runs only with ``distributed=True`` (it launches
 ``torch.distributed.run``).
