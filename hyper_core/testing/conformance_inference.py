@@ -52,7 +52,7 @@ def _same_ids(what: str, got: Sequence[int], expected: Sequence[int], tokenizer:
 
     diff = describe_difference(got, expected, tokenizer, ("stock", "training"))
     if diff:
-        raise AssertionError(f"{what}: stock ids {diff}")
+        raise AssertionError(f"{what}: stock ids differ from training's {diff}")
 
 
 def _stock_model(out: Path, fallback: type, vision: bool) -> Any:

@@ -52,7 +52,7 @@ def describe_difference(
         return f"ids {window} tokens {tokens!r}"
 
     return (
-        f"differ at token {at} ({names[0]} {len(got)} tokens, {names[1]} {len(expected)}): "
+        f"at token {at} ({names[0]} {len(got)} tokens, {names[1]} {len(expected)}): "
         f"{names[0]} {around(got)} vs {names[1]} {around(expected)} "
         f"(from token {max(0, at - CONTEXT)})"
     )
@@ -93,7 +93,7 @@ def assert_one_pass(
         tokenizer,
         ("training", "template"),
     )
-    assert not diff, f"{what}: training ids are not the rendered string's: {diff}"
+    assert not diff, f"{what}: training ids differ from the rendered string's {diff}"
 
 
 def check_one_pass_tokens(t: AdapterUnderTest) -> str:

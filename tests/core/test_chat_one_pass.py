@@ -148,7 +148,8 @@ def test_spaced_prefix_differs_piecewise_and_trains_the_merged_token() -> None:
     stock = template_ids(tokenizer, conv.to_messages(), generation=False)
     piecewise = _train(conv, tokenizer, SPACED, piecewise=True)
     image_id = {tokenizer.convert_tokens_to_ids(IMAGE)}
-    with pytest.raises(AssertionError, match=r"differ at token \d+ .*tokens \["):
+    message = r"differ from the rendered string's at token \d+ .*tokens \["
+    with pytest.raises(AssertionError, match=message):
         assert_one_pass("piecewise", piecewise.input_ids, stock, tokenizer, image_id)
     out = _train(conv, tokenizer, SPACED)
     targets = [t for t, label in zip(out.input_ids[1:], out.labels) if label != IGNORE_INDEX]
