@@ -9,7 +9,7 @@ difference (:func:`describe_difference`) shows the ids and token strings around 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def describe_difference(
     )
 
 
-def _collapse(ids: Sequence[int], image_ids: set[int]) -> list[int]:
+def _collapse(ids: Sequence[int], image_ids: Collection[int]) -> list[int]:
     """``ids`` with each run of an image (or video) token id reduced to one, as a
     placeholder holds it before the processor expands it."""
     out: list[int] = []
@@ -84,7 +84,7 @@ def assert_one_pass(
     training: Sequence[int],
     stock: Sequence[int],
     tokenizer: Any,
-    image_ids: set[int] = frozenset(),  # type: ignore[assignment]
+    image_ids: Collection[int] = (),
 ) -> None:
     """``AssertionError`` unless training's ids (images collapsed) equal the template's."""
     diff = describe_difference(
