@@ -164,12 +164,88 @@ def token_budget_figures(result: Result, samples: int = 8192) -> None:
         result.figure(f"{name}_padded8_padding_ratio", "ratio").values.append(padded.ratio)
 
 
+_LONG_WORDS = """the a of to and in is it that what which how why where when with for from by as
+red green blue circle square triangle left right top bottom image shape colour small large
+question answer describe because therefore however, first second then finally. 42 3.14 (x) über
+naïve 形 — "quoted" it's don't e.g. i.e. self-attention tokenizer multi-turn\n"""
+
+
+def long_multi_turn(n: int, turns: int = 16, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` conversations of ``turns`` user/assistant pairs, 20-120 words a message
+    (deterministic)."""
+    import random
+
+    rng = random.Random(seed)
+    words = _LONG_WORDS.split()
+
+    def text() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+
+    return [
+        {
+            "messages": [
+                {"role": role, "content": text()}
+                for _ in range(turns)
+                for role in ("user", "assistant")
+            ]
+        }
+        for _ in range(n)
+    ]
+
+
+def transform_figures(result: Result, samples: int = 2000, repeats: int = 3) -> None:
+    """Samples/s of the chat transform on the text demo data (``samples``) and on long
+    multi-turn samples (``samples // 20``), one-pass and piecewise, best of ``repeats`` timed
+    passes each after an untimed one (imports; the piecewise path's piece cache filled, as in
+    a long run)."""
+    import time
+
+    from hyper_core.builtin.hf_causal_lm import HFCausalLMAdapter
+    from hyper_core.config.schema import ModelConfig
+    from hyper_core.data import text_demo
+    from hyper_core.data.chat import QWEN_CHATML, to_features, tokenize_conversation
+    from hyper_core.data.conversation import parse_conversation
+
+    tokenizer = (
+        HFCausalLMAdapter()
+        .build_assets(ModelConfig(adapter="hf_causal_lm", config="tiny-qwen2"))
+        .tokenizer
+    )
+    demo = [json.loads(line) for line in text_demo.render(samples, "bench").splitlines()]
+    data = {"demo": demo, "long_multi_turn": long_multi_turn(max(1, samples // 20))}
+    for name, rows in data.items():
+        tokens = 0
+        for mode, piecewise in (("one_pass", False), ("piecewise", True)):
+            best = float("inf")
+            for repeat in range(repeats + 1):
+                t0 = time.perf_counter()
+                for row in rows:
+                    tokenized = tokenize_conversation(
+                        parse_conversation(row),
+                        tokenizer,
+                        QWEN_CHATML,
+                        max_seq_len=1 << 20,
+                        piecewise=piecewise,
+                    )
+                    to_features(tokenized)
+                    tokens += tokenized.length
+                if repeat:
+                    best = min(best, time.perf_counter() - t0)
+            result.figure(f"transform_{name}_{mode}", "samples/s").values.append(len(rows) / best)
+        mean = tokens / (2 * (repeats + 1) * len(rows))
+        result.figure(f"transform_{name}_mean_tokens", "tokens").values.append(mean)
+    result.notes.append(
+        "transform_*: the chat transform's samples/s (best of passes), one-pass vs piecewise"
+    )
+
+
 def run(size: str = "full") -> Result:
     """Each (N, eager/lazy) once; the overhead over the 1k run of the same reader; the
     token-budget plan on long-tailed lengths."""
     sizes = (1_000, 20_000) if size == "ci" else (1_000, 100_000, 1_000_000)
     result = Result("data", "time to first step and peak RSS vs training-file size, 1 worker")
     token_budget_figures(result)
+    transform_figures(result, samples=400 if size == "ci" else 4000)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base: dict[str, dict[str, Any]] = {}

@@ -147,9 +147,12 @@ class ImageTextProcessor:
         return_tensors: str = "pt",
     ) -> Any:
         """Tokenise ``text`` (one or a batch) with each :attr:`image_placeholder` replaced by
-        :meth:`expand_image` of the next image, as training does (text between images is
-        tokenised piece by piece, like the chat pieces of training); metadata is left out."""
+        :meth:`expand_image` of the next image, as training does (each text in one pass, the
+        placeholders' tokens replaced; piece by piece between placeholders for a tokenizer
+        without offsets); metadata is left out."""
         from transformers import BatchFeature
+
+        from ..data.chat import has_offsets, tokenize_rendered
 
         texts = [text] if isinstance(text, str) else list(text)
         data: dict[str, Any] = {}
@@ -164,6 +167,21 @@ class ImageTextProcessor:
         idx = 0
         batch: list[list[int]] = []
         for t in texts:
+            if has_offsets(self.tokenizer):
+                found = find_placeholders(t, placeholder)
+                if idx + len(found) > len(counts):
+                    raise ValueError(
+                        f"more {placeholder!r} in the text than images ({len(counts)})"
+                    )
+                start = idx
+
+                def expand(k: int, _part: Any, start: int = start) -> Sequence[int]:
+                    return self.expand_image(counts[start + k], metadata[start + k])
+
+                ids, _, _ = tokenize_rendered(self.tokenizer, t, [], found, expand)
+                idx += len(found)
+                batch.append(ids)
+                continue
             first, *rest = t.split(placeholder)
             ids = self._encode_text(first)
             for piece in rest:
@@ -206,3 +224,13 @@ class ImageTextProcessor:
             fields = {"processor_class": self.processor_class, **self.processor_fields()}
             text = json.dumps(fields, indent=2, sort_keys=True) + "\n"
             (out / PROCESSOR_CONFIG_FILE).write_text(text)
+
+
+def find_placeholders(text: str, placeholder: str) -> list[tuple[int, int, None]]:
+    """The character spans of ``placeholder`` in ``text``, left to right, not overlapping."""
+    spans: list[tuple[int, int, None]] = []
+    at = text.find(placeholder)
+    while placeholder and at >= 0:
+        spans.append((at, at + len(placeholder), None))
+        at = text.find(placeholder, at + len(placeholder))
+    return spans

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..adapters.base import ModelAssets
 from ..adapters.hf import HFModelAdapter
+from ..data.chat import QWEN_CHATML, ChatFormat
 from ..errors import ConfigError, UserError
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ def load_local_tokenizer(path: str | Path, trust_remote_code: bool) -> Any:
 
 
 class HFCausalLMAdapter(HFModelAdapter):
-    """Any ``AutoModelForCausalLM`` model; text conversations in ChatML."""
+    """Any ``AutoModelForCausalLM`` model; text conversations in ChatML (:attr:`chat_format`)."""
 
     name = "hf_causal_lm"
+    #: The text chat format: the transform's and, for the offline tokenizer, the saved template.
+    chat_format: ClassVar[ChatFormat] = QWEN_CHATML
     default_batching = "packed"
     model_class = "transformers:AutoModelForCausalLM"
     sharding_units = ("model.layers.*",)
@@ -121,12 +124,11 @@ class HFCausalLMAdapter(HFModelAdapter):
         if has_tokenizer_files(model_config.path):
             tok = load_local_tokenizer(model_config.path, model_config.trust_remote_code)
         else:
-            from ..data.chat import QWEN_CHATML_TEMPLATE
             from ..data.tokenizer import build_offline_tokenizer
 
             tok = build_offline_tokenizer(
                 special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-                chat_template=QWEN_CHATML_TEMPLATE,
+                chat_template=self.chat_format.chat_template,
                 vocab_size=1024,
             )
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -139,7 +141,7 @@ class HFCausalLMAdapter(HFModelAdapter):
         import torch
 
         from ..batching.types import SampleFeatures
-        from ..data.chat import QWEN_CHATML, tokenize_conversation
+        from ..data.chat import tokenize_conversation
         from ..data.conversation import parse_conversation
         from ..data.errors import SampleError
 
@@ -147,7 +149,7 @@ class HFCausalLMAdapter(HFModelAdapter):
         if conv.num_images:
             raise SampleError("bad_format", "hf_causal_lm is a text adapter; the sample has images")
         tok = tokenize_conversation(
-            conv, assets.tokenizer, QWEN_CHATML, image_tokens=None, max_seq_len=max_seq_len
+            conv, assets.tokenizer, self.chat_format, image_tokens=None, max_seq_len=max_seq_len
         )
         return SampleFeatures(
             input_ids=torch.tensor(tok.input_ids, dtype=torch.long),

@@ -1,15 +1,27 @@
 """Chat-template rendering to token ids and shifted labels, shared by all adapters.
 
-A :class:`ChatFormat` renders each message as ``prefix(role) + parts + suffix``. Each piece is
-tokenised on its own (``add_special_tokens=False``) and concatenated, so the loss boundaries are
-exact. The loss covers the assistant's content tokens and the stripped suffix
+A :class:`ChatFormat` renders each message as ``prefix(role) + parts + suffix``. The trained ids
+are the ids of the rendered string: the whole conversation is rendered once (each image as the
+processor's placeholder text) and tokenised in one pass by the fast tokenizer
+(``add_special_tokens=False``), as ``apply_chat_template(..., tokenize=True)`` does at inference,
+so a BPE merge across a piece boundary (``"Assistant: "`` + ``"a"`` → ``" a"``) is what training
+sees too. The loss mask comes from the tokens' character offsets: a token is trained when it
+covers a character of a trained span, the assistant's content or the stripped suffix
 (``message_suffix.rstrip()``, i.e. ``<|im_end|>`` but not the newline after it) of assistant
-messages; never prefixes, system/user turns or image tokens.
+messages; never prefixes alone, system/user turns or image tokens. Each image placeholder's
+tokens are replaced by the adapter's expansion.
+
+A tokenizer without offsets (a slow, Python tokenizer) falls back to the piecewise path, each
+piece tokenised on its own and the ids concatenated, with a warning once per process: refusing
+would break models whose tokenizer has no fast version, and the piecewise ids equal the
+one-pass ids wherever special tokens sit at the boundaries (ChatML).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -218,7 +230,7 @@ def check_text_length(
     """:class:`SampleError` ``too_long`` when the rendered text alone needs more than
     ``max_seq_len`` tokens, decided without tokenising (BPE on one huge text takes minutes).
 
-    Each piece is tokenised on its own, so the tokens are at least ``Σ bytes / M`` with ``M``
+    The tokens of the rendered text are at least ``Σ bytes / M`` with ``M``
     the :func:`max_token_bytes`; bytes are counted after the tokenizer's normaliser when it has
     one (a normaliser may shorten text). Passing says nothing: the tokens are still counted.
     """
@@ -248,7 +260,16 @@ def check_text_length(
     )
 
 
-def _tokenize(
+class PiecewiseTokensWarning(UserWarning):
+    """Training ids are tokenised piece by piece (no offsets): they may differ from inference's."""
+
+
+def has_offsets(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` is a fast (``tokenizers``-backed) one, which gives offsets."""
+    return bool(getattr(tokenizer, "is_fast", False)) and hasattr(tokenizer, "backend_tokenizer")
+
+
+def _tokenize_piecewise(
     conversation: Conversation,
     tokenizer: Any,
     fmt: ChatFormat,
@@ -256,6 +277,7 @@ def _tokenize(
     *,
     add_generation_prompt: bool,
 ) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    """The fallback: each piece tokenised on its own, the ids concatenated."""
     ids: list[int] = []
     loss: list[bool] = []
     spans: list[tuple[int, int]] = []
@@ -276,25 +298,172 @@ def _tokenize(
     return ids, loss, spans
 
 
+def _render_spans(
+    pieces: Sequence[_Piece], image_placeholder: str | None
+) -> tuple[str, list[tuple[int, int]], list[tuple[int, int, ImagePart]]]:
+    """The rendered text, the character spans of its trained pieces (merged where adjacent)
+    and of each image placeholder, in order."""
+    out: list[str] = []
+    at = 0
+    loss: list[tuple[int, int]] = []
+    images: list[tuple[int, int, ImagePart]] = []
+    for kind, text, extra in pieces:
+        if kind == "image":
+            if image_placeholder is None:
+                raise ValueError("a sample with images needs the image placeholder to render")
+            text = image_placeholder
+            images.append((at, at + len(text), extra))
+        elif extra and text:
+            if loss and loss[-1][1] == at:
+                loss[-1] = (loss[-1][0], at + len(text))
+            else:
+                loss.append((at, at + len(text)))
+        out.append(text)
+        at += len(text)
+    return "".join(out), loss, images
+
+
+def _tokenize_one_pass(
+    conversation: Conversation,
+    tokenizer: Any,
+    fmt: ChatFormat,
+    image_tokens: ImageTokens | None,
+    image_placeholder: str | None,
+    *,
+    add_generation_prompt: bool,
+) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    """The rendered string tokenised once; loss and image spans from the tokens' offsets."""
+    pieces = _pieces(conversation, fmt, add_generation_prompt=add_generation_prompt)
+    if image_tokens is None and any(kind == "image" for kind, _, _ in pieces):
+        raise SampleError("bad_format", "sample has an image but the model takes none")
+    text, loss_spans, image_spans = _render_spans(pieces, image_placeholder)
+    return tokenize_rendered(tokenizer, text, loss_spans, image_spans, image_tokens)
+
+
+def tokenize_rendered(
+    tokenizer: Any,
+    text: str,
+    loss_spans: Sequence[tuple[int, int]],
+    image_spans: Sequence[tuple[int, int, Any]],
+    image_tokens: ImageTokens | None,
+) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    """``text`` tokenised once by a fast tokenizer: its ids, whether each is trained (it covers
+    a character of a ``loss_spans`` span, ``(start, end)`` in characters) and the token spans
+    of the images, each image's placeholder tokens (characters ``start:end``, third element
+    passed to ``image_tokens(index, part)``) replaced by ``image_tokens``' ids.
+
+    Raises :class:`SampleError` ``image_token_mismatch`` when a placeholder's characters do
+    not tokenise on their own (a token spans its edge).
+    """
+    encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+    raw_ids: list[int] = encoding.ids
+    offsets: list[tuple[int, int]] = encoding.offsets
+    # A token is trained when it covers a character of a trained span (" a" after the prefix
+    # "Assistant:" does). Offsets are in text order, so each span's tokens are a slice.
+    starts = [s for s, _ in offsets]
+    ends = [e for _, e in offsets]
+    raw_loss = [False] * len(raw_ids)
+    for a, b in loss_spans:
+        lo, hi = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+        raw_loss[lo:hi] = [True] * (hi - lo)
+    if not image_spans:
+        return raw_ids, raw_loss, []
+    if image_tokens is None:
+        raise SampleError("bad_format", "sample has an image but the model takes none")
+    ids: list[int] = []
+    loss: list[bool] = []
+    spans: list[tuple[int, int]] = []
+    t, n = 0, len(raw_ids)
+    for index, (a, b, part) in enumerate(image_spans):
+        while t < n and offsets[t][0] < a:
+            ids.append(raw_ids[t])
+            loss.append(raw_loss[t])
+            t += 1
+        first = t
+        while t < n and offsets[t][0] < b:
+            t += 1
+        merged = first > 0 and offsets[first - 1][1] > a
+        if merged or first == t or offsets[first][0] != a or offsets[t - 1][1] != b:
+            raise SampleError(
+                "image_token_mismatch",
+                f"image {index}: the placeholder {text[a:b]!r} merges with the text around it "
+                "into other tokens (it must tokenise on its own, as special tokens do)",
+            )
+        toks = [int(x) for x in image_tokens(index, part)]
+        spans.append((len(ids), len(ids) + len(toks)))
+        ids.extend(toks)
+        loss.extend([False] * len(toks))
+    ids.extend(raw_ids[t:])
+    loss.extend(raw_loss[t:])
+    return ids, loss, spans
+
+
+def _tokenize(
+    conversation: Conversation,
+    tokenizer: Any,
+    fmt: ChatFormat,
+    image_tokens: ImageTokens | None,
+    image_placeholder: str | None,
+    *,
+    add_generation_prompt: bool,
+    piecewise: bool,
+) -> tuple[list[int], list[bool], list[tuple[int, int]]]:
+    if not piecewise and not has_offsets(tokenizer):
+        warnings.warn(
+            f"{type(tokenizer).__name__} gives no offsets (not a fast tokenizer): training "
+            "tokenises the chat piece by piece, and its ids may differ from inference's where "
+            "a merge crosses a piece boundary; use the model's fast tokenizer",
+            PiecewiseTokensWarning,
+            stacklevel=3,
+        )
+        piecewise = True
+    if piecewise:
+        return _tokenize_piecewise(
+            conversation, tokenizer, fmt, image_tokens, add_generation_prompt=add_generation_prompt
+        )
+    return _tokenize_one_pass(
+        conversation,
+        tokenizer,
+        fmt,
+        image_tokens,
+        image_placeholder,
+        add_generation_prompt=add_generation_prompt,
+    )
+
+
 def tokenize_conversation(
     conversation: Conversation,
     tokenizer: Any,
     chat_format: ChatFormat,
     *,
     image_tokens: ImageTokens | None = None,
+    image_placeholder: str | None = None,
     max_seq_len: int | None,
+    piecewise: bool = False,
 ) -> TokenizedConversation:
-    """Render and tokenise ``conversation`` for training.
+    """Render and tokenise ``conversation`` for training, in one pass (module docstring).
 
-    ``image_tokens(index, part)`` gives the token ids of the ``index``-th image (the adapter's
-    expansion, e.g. ``<|vision_start|>`` + ``<|image_pad|>`` × N + ``<|vision_end|>``).
+    ``image_placeholder`` is the text that stands for an image in the rendered string (what
+    the exported template writes, e.g. ``<|vision_start|><|image_pad|><|vision_end|>``;
+    needed when the conversation has images); ``image_tokens(index, part)`` gives the token
+    ids that replace the ``index``-th placeholder's tokens (the adapter's expansion, e.g.
+    ``<|vision_start|>`` + ``<|image_pad|>`` × N + ``<|vision_end|>``); a video part is
+    rendered with the same placeholder and replaced by its own expansion. ``piecewise``: the
+    old piece-by-piece path (the slow-tokenizer fallback; for comparisons and benchmarks).
     Raises :class:`SampleError` ``too_long`` (never truncates; text far over the limit is
-    rejected before tokenising, see :func:`check_text_length`) or ``no_loss_tokens``.
+    rejected before tokenising, see :func:`check_text_length`), ``no_loss_tokens``, or
+    ``image_token_mismatch`` when a placeholder does not tokenise on its own.
     """
     if max_seq_len is not None:
         check_text_length(conversation, tokenizer, chat_format, max_seq_len)
     ids, loss, spans = _tokenize(
-        conversation, tokenizer, chat_format, image_tokens, add_generation_prompt=False
+        conversation,
+        tokenizer,
+        chat_format,
+        image_tokens,
+        image_placeholder,
+        add_generation_prompt=False,
+        piecewise=piecewise,
     )
     if max_seq_len is not None and len(ids) > max_seq_len:
         raise SampleError("too_long", f"{len(ids)} tokens > max_seq_len {max_seq_len}")
@@ -314,13 +483,22 @@ def tokenize_prompt(
     chat_format: ChatFormat,
     *,
     image_tokens: ImageTokens | None = None,
+    image_placeholder: str | None = None,
+    piecewise: bool = False,
 ) -> TokenizedConversation:
-    """Token ids of ``conversation`` followed by the assistant prefix (for generation).
+    """Token ids of ``conversation`` followed by the assistant prefix (for generation), in one
+    pass like :func:`tokenize_conversation`.
 
     Use :meth:`Conversation.prompt_and_answer` first to drop the answer; labels are all ignored.
     """
     ids, _, spans = _tokenize(
-        conversation, tokenizer, chat_format, image_tokens, add_generation_prompt=True
+        conversation,
+        tokenizer,
+        chat_format,
+        image_tokens,
+        image_placeholder,
+        add_generation_prompt=True,
+        piecewise=piecewise,
     )
     return TokenizedConversation(
         input_ids=ids, labels=[IGNORE_INDEX] * len(ids), image_spans=spans, num_loss_tokens=0

@@ -85,8 +85,12 @@ def tokenize_multimodal(
     chat_format: ChatFormat,
     *,
     max_seq_len: int,
+    piecewise: bool = False,
 ) -> MultimodalTokens:
-    """Tokenise a raw conversation sample with images.
+    """Tokenise a raw conversation sample with images (in one pass, each image as the
+    processor's :attr:`~hyper_core.adapters.processor.ImageTextProcessor.image_placeholder`;
+    ``piecewise``: the old piece-by-piece path, see
+    :func:`~hyper_core.data.chat.tokenize_conversation`).
 
     Raises :class:`SampleError`: ``bad_format``, ``missing_image``/``corrupt_image``,
     ``bad_image`` (the processor rejects it, e.g. an extreme aspect ratio), ``too_long``
@@ -126,7 +130,13 @@ def tokenize_multimodal(
         return processor.expand_image(counts[i], metadata[i])
 
     tok = tokenize_conversation(
-        conv, processor.tokenizer, chat_format, image_tokens=image_tokens, max_seq_len=max_seq_len
+        conv,
+        processor.tokenizer,
+        chat_format,
+        image_tokens=image_tokens,
+        image_placeholder=processor.image_placeholder if images or videos is not None else None,
+        max_seq_len=max_seq_len,
+        piecewise=piecewise,
     )
     input_ids = torch.tensor(tok.input_ids, dtype=torch.long)
     is_image = input_ids == processor.image_token_id

@@ -8,8 +8,10 @@
 Each check is a function of an :class:`AdapterUnderTest` in :data:`CHECKS`; it raises
 ``AssertionError`` with what is wrong. Text adapters (no processor) are held to the text
 contract (no vision encoder, image samples rejected); vision-language adapters to the VL one
-(odd-sized images, several per sample, per-image encoder, vision FLOPs). Every export must
-serve stock transformers (:func:`~hyper_core.testing.conformance_inference.check_stock_inference`);
+(odd-sized images, several per sample, per-image encoder, vision FLOPs). Training's ids must be
+the saved chat template's (:func:`~hyper_core.testing.conformance_tokens.check_one_pass_tokens`)
+and every export must serve stock transformers
+(:func:`~hyper_core.testing.conformance_inference.check_stock_inference`);
 a check that cannot apply (no stock processor loads) reports ``not applicable`` with the reason.
 The 2-rank ``fsdp2`` check runs only with ``distributed=True`` (it launches
 ``torch.distributed.run``).
@@ -33,6 +35,7 @@ from typing import Any
 import attrs
 
 from .conformance_inference import NotApplicable, check_stock_inference
+from .conformance_tokens import check_one_pass_tokens
 
 #: Tolerance of the equivalence checks (packed vs padded, export round trip).
 ATOL = 1e-5
@@ -574,6 +577,7 @@ CHECKS: dict[str, Callable[[AdapterUnderTest], str]] = {
     "vision_encoder": check_vision_encoder,
     "flops": check_flops,
     "export_roundtrip": check_export_roundtrip,
+    "one_pass_tokens": check_one_pass_tokens,
     "stock_inference": check_stock_inference,
     "two_rank_fsdp2": check_two_rank_fsdp2,
 }
@@ -626,5 +630,6 @@ __all__ = [
     "ConformanceReport",
     "NotApplicable",
     "check_adapter",
+    "check_one_pass_tokens",
     "check_stock_inference",
 ]

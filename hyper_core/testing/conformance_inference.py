@@ -48,19 +48,11 @@ def _one_image_sample(t: AdapterUnderTest) -> Mapping[str, Any]:
 
 
 def _same_ids(what: str, got: Sequence[int], expected: Sequence[int], tokenizer: Any) -> None:
-    if list(got) == list(expected):
-        return
-    at = next(
-        (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))
-    )
+    from .conformance_tokens import describe_difference
 
-    def around(ids: Sequence[int]) -> str:
-        return repr(tokenizer.decode(list(ids[max(0, at - 8) : at + 8])))
-
-    raise AssertionError(
-        f"{what}: stock ids differ from training's at token {at} of {len(expected)} "
-        f"(stock {len(got)} tokens): stock {around(got)} vs training {around(expected)}"
-    )
+    diff = describe_difference(got, expected, tokenizer, ("stock", "training"))
+    if diff:
+        raise AssertionError(f"{what}: stock ids differ from training's {diff}")
 
 
 def _stock_model(out: Path, fallback: type, vision: bool) -> Any:
@@ -205,12 +197,20 @@ class _FallbackProcessor:
     def __call__(self, *, text: list[str], images: Any, return_tensors: str) -> dict[str, Any]:
         vision = dict(self.image_processor(images=images, return_tensors=return_tensors))
         counts = self.trained.image_token_counts(vision) if images else []
-        first, *rest = text[0].split(self.trained.image_placeholder)
-        assert len(rest) == len(counts), f"{len(rest)} image placeholders for {len(counts)} images"
-        ids = list(self.tokenizer.encode(first, add_special_tokens=False))
-        for count, piece in zip(counts, rest):
-            ids += [int(i) for i in self.trained.image_token_ids(count)]
-            ids += self.tokenizer.encode(piece, add_special_tokens=False)
+        from ..adapters.processor import find_placeholders
+        from ..data.chat import tokenize_rendered
+
+        # the whole text in one pass, each placeholder's tokens replaced (as stock processors
+        # tokenise the prompt with the placeholders expanded)
+        found = find_placeholders(text[0], self.trained.image_placeholder)
+        assert len(found) == len(counts), (
+            f"{len(found)} image placeholders for {len(counts)} images"
+        )
+
+        def expand(k: int, _part: Any) -> list[int]:
+            return [int(i) for i in self.trained.image_token_ids(counts[k])]
+
+        ids, _, _ = tokenize_rendered(self.tokenizer, text[0], [], found, expand)
         import torch
 
         encoded = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids))}
