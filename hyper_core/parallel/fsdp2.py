@@ -56,8 +56,6 @@ class FSDP2(ParallelStrategy):
         )
 
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
-        if dist.world_size == 1:
-            return model  # nothing to shard over; same weights and math as `none`
         from torch.distributed.fsdp import fully_shard
 
         from .materialize import (
@@ -67,10 +65,19 @@ class FSDP2(ParallelStrategy):
             take_rank0_source,
         )
 
-        if dist.mesh is None:
-            raise RuntimeError("fsdp2 needs the device mesh of setup_distributed")
+        mesh = dist.mesh
+        if mesh is None:
+            if dist.world_size > 1:
+                raise RuntimeError("fsdp2 needs the device mesh of setup_distributed")
+            # One process: the same wrapping on a 1-rank mesh, so the step computes in the
+            # same dtypes as on N ranks (bf16 parameters under the mixed-precision policy);
+            # FSDP2 skips the collectives of a 1-rank group and only casts.
+            from .setup import single_process_mesh
+
+            mesh = single_process_mesh(dist.device)
+        # A single process has its model built in full on its device: nothing to fill.
         # Weights from [model] path: every rank is on meta and reads its own shards after this.
-        source = None if dist.sharded_load else take_rank0_source(model, dist)
+        source = None if dist.sharded_load or not dist.meta_init else take_rank0_source(model, dist)
         mp = self.mixed_precision()
         units = match_modules(model, plan.sharding_units)
         if not units and dist.is_main:
@@ -92,14 +99,14 @@ class FSDP2(ParallelStrategy):
                 split_vision_tower(model, plan.vision_encoder.module, dist)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
-            fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
-        fully_shard(model, mesh=dist.mesh, mp_policy=mp)
+            fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         ignore_root_view_warning(model)
         if dist.sharded_load:
             # Parameters stay on meta: the load creates each rank's shards (FSDP2 adopts the
             # new parameters at its lazy init), so no second copy is ever allocated.
             materialize_buffers(model, dist.device)
-        else:
+        elif dist.meta_init:
             materialize(model, dist.device)
             load_from_rank0(model, source, dist)
         return model

@@ -116,6 +116,34 @@ def init_distributed(config: Any) -> DistEnv:
     )
 
 
+def single_process_mesh(device: Any) -> Any:
+    """A 1-rank ``("dp_shard",)`` mesh for a process outside torchrun, with the 1-rank process
+    group it needs (joined if one exists). The run's end destroys the group
+    (:func:`end_distributed`)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        cuda = device.type == "cuda"
+        dist.init_process_group(
+            backend="cuda:nccl,cpu:gloo" if cuda else "gloo",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            device_id=device if cuda else None,
+        )
+    return init_device_mesh(device.type, (1,), mesh_dim_names=("dp_shard",))
+
+
+def end_distributed() -> None:
+    """Destroy this process's process group, if any (a torchrun job's or a single process's
+    :func:`single_process_mesh`)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def data_parallel_mesh(device_type: str, replicate: int, shard: int) -> Any:
     """The ``(dp_replicate, dp_shard)`` mesh, or ``(dp_shard,)`` without replicas."""
     from torch.distributed.device_mesh import init_device_mesh

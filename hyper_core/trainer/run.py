@@ -56,6 +56,7 @@ def run_training(config: Any, host: Any) -> Trainer:
 
 def _train(config: Any, host: Any) -> Trainer:
     from ..config import dump_config
+    from ..parallel.setup import end_distributed
 
     trainer = Trainer(config, host)
     out = Path(config.run.output_dir)
@@ -68,11 +69,7 @@ def _train(config: Any, host: Any) -> Trainer:
     if trainer.dist.is_main:
         for line in summary_lines(trainer):
             print(f"hyper-train: {line}", file=sys.stderr)
-    if trainer.dist.world_size > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    end_distributed()
     return trainer
 
 
