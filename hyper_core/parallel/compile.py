@@ -18,6 +18,13 @@ from ..adapters.hf import match_modules
 
 def apply_regional_compile(model: Any, plan: Any) -> list[str]:
     """Compile every sharding unit of ``plan`` in place; returns their names."""
+    import torch._dynamo.config
+
+    # Tensors a unit reaches through its submodules' attributes (not parameters or buffers)
+    # get symbolic sizes like its arguments: the label rows of the last decoder layer
+    # (`step.label_rows`) vary by forward, and static sizes would compile it again for each
+    # row length and label count. Process-wide, like the matmul precision.
+    torch._dynamo.config.force_nn_module_property_static_shapes = False
     names = match_modules(model, plan.sharding_units)
     for name in names:
         model.get_submodule(name).compile(dynamic=True)

@@ -78,15 +78,12 @@ def install_label_rows(model: torch.nn.Module, names: list[str]) -> LabelRows | 
     """
     if not names:
         return None
-    import torch
-
     rows = LabelRows()
-    # Under [training] compile the modules run eagerly (graph breaks in the last layer): the
-    # mask and index, traced as a module's attributes, would get static shapes and recompile
-    # the layer for every label count.
-    run = torch.compiler.disable(rows.run)
+    # Under [training] compile the compiled layer reads the mask and index as inputs reached
+    # through its modules; `apply_regional_compile` lets their sizes be symbolic, so new row
+    # lengths and label counts reuse the layer's graph.
     for name in names:
         module = model.get_submodule(name)
-        module.forward = functools.partial(run, module.forward)
+        module.forward = functools.partial(rows.run, module.forward)
     model.register_forward_pre_hook(rows.capture, with_kwargs=True)
     return rows
