@@ -68,6 +68,11 @@ class FlopsCount:
         """Text plus vision."""
         return self.text + self.vision
 
+    def hardware(self, text_recomputed: float = 0.0, vision_recomputed: float = 0.0) -> float:
+        """The FLOPs the device runs when backward recomputes these fractions of each tower's
+        forward (a forward is a third of the forward + backward count): HFU's numerator."""
+        return self.text * (1 + text_recomputed / 3) + self.vision * (1 + vision_recomputed / 3)
+
 
 @attrs.frozen(kw_only=True)
 class GenerationPrompt:

@@ -26,6 +26,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
+
 from ..adapters.hf import match_modules
 
 if TYPE_CHECKING:
@@ -199,6 +201,27 @@ def split_units(model: torch.nn.Module, plan: ParallelPlan) -> tuple[list[str], 
     prefix = plan.vision_encoder.module + "." if plan.vision_encoder is not None else None
     vision = [n for n in names if prefix is not None and n.startswith(prefix)]
     return [n for n in names if n not in vision], vision
+
+
+@attrs.frozen
+class RecomputeShare:
+    """The fraction of each tower's sharding units that backward recomputes whole (``full``
+    units; ``selective`` recomputes element-wise work only, which FLOPs do not count)."""
+
+    text: float = 0.0
+    vision: float = 0.0
+
+
+def recompute_share(model: torch.nn.Module, plan: ParallelPlan) -> RecomputeShare:
+    """How :func:`apply_activation_checkpointing` left the plan's units, as a
+    :class:`RecomputeShare` (for hardware FLOPs: ``FlopsCount.hardware``)."""
+    decoder, vision = split_units(model, plan)
+
+    def share(names: list[str]) -> float:
+        full = sum(unit_policy(model.get_submodule(n)) == "full" for n in names)
+        return full / len(names) if names else 0.0
+
+    return RecomputeShare(text=share(decoder), vision=share(vision))
 
 
 def apply_activation_checkpointing(

@@ -48,6 +48,7 @@ class StepTimer:
         self.tokens = 0
         self.padding = 0
         self.flops = 0.0
+        self.hardware_flops = 0.0
         self._wait_start = 0.0
 
     def start_wait(self) -> None:
@@ -64,16 +65,19 @@ class StepTimer:
         self.tokens += int(stats["tokens"])
         self.padding += int(stats["padding"])
         self.flops += float(stats["flops"])
+        self.hardware_flops += float(stats.get("hardware_flops", stats["flops"]))
 
     def flush(self, dist: Any) -> dict[str, Any]:
         """Metrics since the last flush (global over ranks), then reset."""
         import torch
 
         elapsed = max(time.perf_counter() - self.t0, 1e-9)
-        totals = torch.tensor([self.tokens, self.padding, self.flops], dtype=torch.float64)
+        totals = torch.tensor(
+            [self.tokens, self.padding, self.flops, self.hardware_flops], dtype=torch.float64
+        )
         if dist.world_size > 1:
             totals = dist.all_reduce_sum(totals.to(dist.device)).cpu()
-        tokens, padding, flops = (float(x) for x in totals)
+        tokens, padding, flops, hardware = (float(x) for x in totals)
         out: dict[str, Any] = {
             "tokens_per_s": tokens / elapsed,
             "padding_ratio": padding / (tokens + padding) if tokens + padding else 0.0,
@@ -81,7 +85,10 @@ class StepTimer:
             "data_wait_frac": self.wait / elapsed,
         }
         if self.peak_flops and flops:
-            out["mfu"] = flops / elapsed / (self.peak_flops * dist.world_size)
+            peak = self.peak_flops * dist.world_size
+            out["mfu"] = flops / elapsed / peak
+            # recomputation included: the device's real work rate
+            out["hfu"] = hardware / elapsed / peak
         out.update(memory_metrics(dist.device))
         self._reset()
         return out

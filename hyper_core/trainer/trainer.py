@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..attention.counts import AttentionCounts, counting
 from ..errors import ConfigError, RunFailed
 from ..hookspecs import BUILD_STAGES
+from ..parallel.checkpointing import RecomputeShare, recompute_share
 from ..parallel.context_parallel import split_micro_batch
 from ..step.chunked_loss import chunked_causal_lm_loss, lm_head_returns_hidden
 from ..step.grad_norm import clip_grads, total_grad_norm
@@ -73,6 +74,8 @@ class Trainer:
         self.dataloaders: Any = None
         self.get_batch: Any = None
         self.label_positions = False
+        #: The share of each tower's units that backward recomputes (hardware FLOPs, HFU).
+        self.recompute = RecomputeShare()
         self.loss_chunk_tokens: int | None = None
         self.train_iters: int = 0
         self.optimizer: Any = None
@@ -171,6 +174,11 @@ class Trainer:
         if self.label_positions:  # ...and so does the rest of the last decoder layer
             model = self.unwrapped_model
             install_label_rows(model, self.adapter.label_row_modules(model))
+        try:
+            model = self.unwrapped_model
+            self.recompute = recompute_share(model, self.adapter.parallel_plan(model))
+        except NotImplementedError:  # no plan, no units: nothing is recomputed
+            pass
         # ...and in recomputed chunks when there are many (training, the default loss only).
         self.loss_chunk_tokens = (
             cfg.training.loss_chunk_tokens
@@ -439,8 +447,8 @@ class Trainer:
             "padding": sum(mb.num_padding for mb in micro_batches) if once else 0,
             "samples": n_samples,
             "loss_tokens": global_loss_tokens,
-            "flops": self._flops(micro_batches) if once else 0.0,
         }
+        stats["flops"], stats["hardware_flops"] = self._flops(micro_batches) if once else (0, 0)
         loss_dict = {k: float(v) for k, v in loss_parts.items()}
         return loss_value, loss_dict, grad_norm, stats
 
@@ -501,12 +509,16 @@ class Trainer:
             return
         clip_grads(self.model.parameters(), max_norm, norm)
 
-    def _flops(self, micro_batches: list[Any]) -> float:
+    def _flops(self, micro_batches: list[Any]) -> tuple[float, float]:
+        """Model FLOPs (MFU) and hardware FLOPs (HFU: recomputation included) of a step."""
         try:
             model = self.unwrapped_model
-            return float(sum(self.adapter.flops(model, mb).total for mb in micro_batches))
+            counts = [self.adapter.flops(model, mb) for mb in micro_batches]
         except NotImplementedError:
-            return 0.0
+            return 0.0, 0.0
+        share = self.recompute
+        hardware = sum(c.hardware(share.text, share.vision) for c in counts)
+        return float(sum(c.total for c in counts)), float(hardware)
 
     # -- logging and evaluation ---------------------------------------------------------------
 

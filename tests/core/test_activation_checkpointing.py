@@ -19,6 +19,7 @@ from hyper_core.parallel.checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
     recompute_fraction,
+    recompute_share,
     split_units,
     unit_policy,
 )
@@ -278,3 +279,21 @@ def test_checkpointed_and_compiled_units_train_like_eager(tmp_path: Path, policy
     layer = compiled.trainer.unwrapped_model.get_submodule("model.layers.0")
     assert layer._compiled_call_impl is not None and unit_policy(layer) != "none"
     assert compiled.losses == pytest.approx(eager.losses, abs=1e-4)
+
+
+def test_recompute_share_counts_whole_recomputed_units_per_tower(vl: AdapterUnderTest) -> None:
+    from hyper_core.adapters.base import FlopsCount
+
+    model = _model(vl, "every_n", "selective", every=2)
+    plan = vl.adapter.parallel_plan(model)
+    decoder, _ = split_units(model, plan)
+    share = recompute_share(model, plan)
+    assert share.text == -(-len(decoder) // 2) / len(decoder)
+    assert share.vision == 0.0  # selective recomputes element-wise work only
+    full = recompute_share(_model(vl, "full"), plan)
+    assert (full.text, full.vision) == (1.0, 1.0)
+    # a recomputed forward is a third of a unit's forward + backward FLOPs
+    assert FlopsCount(text=300.0, vision=60.0).hardware(full.text, full.vision) == 480.0
+    assert FlopsCount(text=300.0, vision=60.0).hardware(share.text, share.vision) == (
+        300.0 * (1 + share.text / 3) + 60.0
+    )

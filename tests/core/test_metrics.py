@@ -89,3 +89,15 @@ def test_tensorboard_gets_converted_numbers_and_skips_the_rest(tmp_path: Path) -
     assert (tmp_path / "metrics.jsonl").read_text() == (
         '{"loss": 0.5, "step": 3, "vec": [1.0, 2]}\n'
     )
+
+
+def test_hfu_counts_the_recomputed_flops_beside_mfu() -> None:
+    from hyper_core.parallel.env import DistEnv
+    from hyper_core.trainer.metrics import StepTimer
+
+    timer = StepTimer(peak_flops=1e12)
+    timer.add_step({"tokens": 10, "padding": 0, "flops": 3e9, "hardware_flops": 4e9})
+    timer.add_step({"tokens": 10, "padding": 0, "flops": 3e9, "hardware_flops": 4e9})
+    out = timer.flush(DistEnv())
+    assert out["hfu"] == pytest.approx(out["mfu"] * 4 / 3)
+    assert out["mfu"] > 0
