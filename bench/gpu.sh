@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # GPU benchmark for an accelerator machine. Prints one JSON line per case: tokens/s, MFU (text +
-# vision FLOPs over the device's peak for the compute dtype), peak memory, loss. Each case has a
-# `timeout`; the dense case takes about 3 minutes on one H200, the moe case about 2.
+# vision FLOPs, attention included, over the device's peak for the compute dtype), HFU
+# (recomputation included), peak memory, loss. Each case has a `timeout`.
 #
-#   bash bench/gpu.sh [dense]    # a Qwen2.5-VL-3B-shaped model (random weights), packed ~8k-token
+#   bash bench/gpu.sh matrix     # issue #31's levers one after the other under an 8-minute
+#                                # deadline (bench/gpu_matrix.py): baseline, flash_varlen,
+#                                # fsdp2 bf16 compute, the estimate's recompute policy, compile,
+#                                # then 7B and MoE; writes bench/results/gpu/<device>_<date>.json
+#                                # and prints the table. Extra arguments go to the module.
+#   bash bench/gpu.sh [dense]    # the published Qwen2.5-VL-3B shape, random weights
+#                                # (bench/configs/qwen2_5_vl_3b_gpu.toml): packed ~8k-token
 #                                # micro-batches (28 samples of ~290 tokens), fp32 master weights
-#                                # with bf16 compute, flash_varlen attention, one GPU
-#   bash bench/gpu.sh moe        # a Qwen3-VL-30B-A3B-shaped text model cut to 8 layers (128
-#                                # experts, top 8) on NPROC GPUs (default 1), expert parallel over
-#                                # all of them (ep = NPROC) when NPROC > 1
+#                                # with bf16 compute (fsdp2 on a 1-rank mesh), flash_varlen
+#   bash bench/gpu.sh moe        # a Qwen3-VL-30B-A3B-shaped model cut to 8 layers (128
+#                                # experts, top 8), 28 samples (~8k tokens) per GPU and step, on
+#                                # NPROC GPUs (default 1), expert parallel over all of them
 #   bash bench/gpu.sh test       # the `gpu`-marked tests (pytest -m gpu)
 #   bash bench/gpu.sh profile    # the dense case for 6 steps, torch.profiler over steps 4-6:
 #                                # prints the op table (self CUDA time); the trace stays in
@@ -22,8 +28,6 @@
 #
 # It refuses to run (exit 2) without a CUDA device, never installs torch (a build that does not
 # match the driver would fall back to CPU or fail late), and writes no final checkpoint.
-# On one rank, `fsdp2` shards nothing, so its param_dtype does not apply: the bf16 compute
-# comes from `mixed_precision = "bf16"` (autocast) over the fp32 master weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -62,44 +66,31 @@ PY
 
 run_dense() {
   local out=$1; shift
-  # 3B shape: text 2048 x 36 layers (16 heads, 2 KV), MLP 11008; vision 1280 x 32, out 2048.
-  local overrides='{text_config = {hidden_size = 2048, intermediate_size = 11008, num_hidden_layers = 36, num_attention_heads = 16, num_key_value_heads = 2, rope_parameters = {rope_type = "default", rope_theta = 1000000.0, mrope_section = [16, 24, 24]}}, vision_config = {hidden_size = 1280, intermediate_size = 3420, depth = 32, num_heads = 16, out_hidden_size = 2048}}'
-  timeout "${TIMEOUT_S:-600}" $venv/bin/hyper-train run configs/qwen2_5_vl_demo.toml \
-    --run.output_dir="$out" --model.config=tiny --model.dtype=float32 \
-    "--model.hf_overrides=$overrides" "--model.attn_implementation=${ATTN:-flash_varlen}" \
-    --parallel.strategy=fsdp2 --parallel.param_dtype=bfloat16 --parallel.reduce_dtype=float32 \
-    --training.mixed_precision=bf16 --training.activation_checkpointing=true \
-    "--training.steps=${STEPS:-30}" --training.global_batch_size=28 --training.micro_batch_size=28 \
-    --data.train='{format = "shapes", num_samples = 1000, image_size = 448}' --data.num_workers=4 \
-    --data.eval_samples=56 --data.max_seq_len=8192 --logging.every_steps=10 \
-    --logging.progress=lines --checkpoint.resume=none --checkpoint.save_final=false "$@"
+  timeout "${TIMEOUT_S:-600}" $venv/bin/hyper-train run bench/configs/qwen2_5_vl_3b_gpu.toml \
+    --run.output_dir="$out" "--model.attn_implementation=${ATTN:-flash_varlen}" \
+    "--training.steps=${STEPS:-30}" --logging.every_steps=10 "$@"
 }
 
 run_profile() {  # where the dense step's time goes
   run_dense "$1" --training.steps=6 --logging.every_steps=1 "--logging.profile_steps=[4,6]" \
-    --data.eval_samples=28 && head -60 "$1/profile/ops-rank0.txt"
+    && head -60 "$1/profile/ops-rank0.txt"
 }
 
 run_moe() {
   local out=$1 nproc=${NPROC:-1}
   local moe='{text_config = {hidden_size = 2048, intermediate_size = 6144, moe_intermediate_size = 768, num_hidden_layers = 8, num_attention_heads = 32, num_key_value_heads = 4, head_dim = 128, num_experts = 128, num_experts_per_tok = 8, vocab_size = 151936}, vision_config = {hidden_size = 1152, intermediate_size = 4304, depth = 4, num_heads = 16, out_hidden_size = 2048}}'
-  timeout "${TIMEOUT_S:-600}" $venv/bin/hyper-train run configs/qwen2_5_vl_demo.toml --nproc-per-node "$nproc" \
-    --run.output_dir="$out" --model.adapter=qwen3_vl_moe --model.config=tiny --model.dtype=float32 \
+  timeout "${TIMEOUT_S:-600}" $venv/bin/hyper-train run bench/configs/qwen2_5_vl_3b_gpu.toml \
+    --nproc-per-node "$nproc" --run.output_dir="$out" --model.adapter=qwen3_vl_moe \
     "--model.hf_overrides=$moe" "--model.attn_implementation=${ATTN:-flash_varlen}" \
-    --parallel.strategy=fsdp2 "--parallel.ep=$nproc" \
-    --training.mixed_precision=bf16 --training.activation_checkpointing=true \
-    "--training.steps=${STEPS:-30}" "--training.global_batch_size=$((8 * nproc))" \
-    --training.micro_batch_size=8 \
-    --data.train='{format = "shapes", num_samples = 2000, image_size = 448}' --data.num_workers=4 \
-    --data.eval_samples=16 --data.max_seq_len=8192 --logging.every_steps=10 \
-    --logging.progress=lines --checkpoint.resume=none --checkpoint.save_final=false
+    "--parallel.ep=$nproc" "--training.steps=${STEPS:-30}" \
+    "--training.global_batch_size=$((28 * nproc))" --logging.every_steps=10
 }
 
 report() {  # one JSON line from a run's metrics.jsonl
   $venv/bin/python - "$1" "$2" "$device" "${ATTN:-flash_varlen}" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if '"loss"' in l]
-keys = ("step", "tokens_per_s", "mfu", "step_time_s", "data_wait_frac", "mem_peak_mib", "loss",
+keys = ("step", "tokens_per_s", "mfu", "hfu", "step_time_s", "data_wait_frac", "mem_peak_mib", "loss",
         "grad_norm", "moe/ep_load_max", "moe/a2a_rows_per_step")
 last = rows[-1]
 print(json.dumps({"case": sys.argv[2], "device": sys.argv[3], "attn": sys.argv[4],
@@ -118,7 +109,8 @@ for case in $([ "${1:-dense}" = all ] && echo "test dense moe" || echo "${1:-den
       mkdir -p "$root/$case"
       if "run_$case" "$root/$case"; then report "$root/$case" "$case"; else status=1; fi ;;
     profile) mkdir -p "$root/profile"; run_profile "$root/profile" || status=1 ;;
-    *) echo "gpu.sh: unknown case '$case' (dense, moe, test, profile, all)" >&2; exit 2 ;;
+    matrix) $venv/bin/python -m bench.gpu_matrix "${@:2}" || status=1 ;;
+    *) echo "gpu.sh: unknown case '$case' (matrix, dense, moe, test, profile, all)" >&2; exit 2 ;;
   esac
 done
 exit $status
