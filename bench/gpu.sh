@@ -6,8 +6,9 @@
 #   bash bench/gpu.sh matrix     # issue #31's levers one after the other under an 8-minute
 #                                # deadline (bench/gpu_matrix.py): baseline, flash_varlen,
 #                                # fsdp2 bf16 compute, the estimate's recompute policy, compile,
-#                                # then 7B and MoE; writes bench/results/gpu/<device>_<date>.json
-#                                # and prints the table. Extra arguments go to the module.
+#                                # liger-kernel (when installed), then 7B and MoE; writes
+#                                # bench/results/gpu/<device>_<date>.json and prints the
+#                                # table. Extra arguments go to the module.
 #   bash bench/gpu.sh [dense]    # the published Qwen2.5-VL-3B shape, random weights
 #                                # (bench/configs/qwen2_5_vl_3b_gpu.toml): packed ~8k-token
 #                                # micro-batches (28 samples of ~290 tokens), fp32 master weights

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import re
 import subprocess
@@ -70,6 +71,8 @@ class Case:
     overrides: tuple[str, ...]
     #: Pick the activation-checkpointing policy by the memory estimate on this device.
     estimate_policy: bool = False
+    #: A module the case needs (an optional package); skipped without it.
+    needs: str | None = None
 
 
 def cases(steps: int) -> list[Case]:
@@ -88,6 +91,13 @@ def cases(steps: int) -> list[Case]:
         Case("fsdp2_bf16", "+ fsdp2 on one rank (bf16 compute dtypes)", bf16),
         Case("recompute", "+ the estimate's AC policy", bf16, estimate_policy=True),
         Case("compile", "+ compiled layers", compiled, estimate_policy=True),
+        Case(
+            "liger",
+            "+ liger-kernel (norms, RoPE, SwiGLU)",
+            (*compiled, "--training.liger_kernel=true"),
+            estimate_policy=True,
+            needs="liger_kernel",
+        ),
         Case("dense_7b", "7B shape, bf16 weights, all levers", (*compiled, *SEVEN_B), True),
         Case("moe", "MoE 8 layers (128 experts), all levers", (*compiled, *MOE), True),
     ]
@@ -176,6 +186,9 @@ def run_case(case: Case, root: Path, deadline: float, device_bytes: int) -> dict
     left = deadline - time.monotonic()
     if left < MIN_CASE_S:
         row["status"] = f"skipped: {left:.0f} s left of the deadline"
+        return row
+    if case.needs and importlib.util.find_spec(case.needs) is None:
+        row["status"] = f"skipped: {case.needs} is not installed"
         return row
     policy = None
     if case.estimate_policy:

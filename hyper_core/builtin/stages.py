@@ -62,14 +62,19 @@ def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
 
 @default
 def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
-    """Activation checkpointing and ``[training] compile`` per sharding unit, then the
-    strategy; with ``dist.sharded_load`` each rank then reads its shards of ``[model] path``."""
+    """liger-kernel's fused kernels (``[training] liger_kernel``), activation checkpointing
+    and ``[training] compile`` per sharding unit, then the strategy; with ``dist.sharded_load``
+    each rank then reads its shards of ``[model] path``."""
     plan = adapter.parallel_plan(model)
     if config.parallel.ep > 1:
         from ..parallel.expert_parallel import expert_parallel_plan
 
         plan = expert_parallel_plan(plan, model, adapter, strategy, dist, config.parallel.ep)
     training = config.training
+    if training.liger_kernel:
+        from ..parallel.liger import apply_liger_kernel
+
+        apply_liger_kernel(model, dist.device)
     if "none" != training.activation_checkpointing or training.vision_activation_checkpointing:
         from ..parallel.checkpointing import apply_activation_checkpointing
 

@@ -570,6 +570,15 @@ class TrainingConfig(_Section):
             "s, after 40 s); made for GPUs."
         ),
     )
+    liger_kernel: bool = attrs.field(
+        default=False,
+        metadata=meta(
+            "Run RMSNorm/LayerNorm, (m)RoPE and SwiGLU through liger-kernel's fused Triton "
+            "kernels (CUDA only; `pip install 'hyper-train[liger]'`), for the model types "
+            "liger-kernel supports. For element-wise work `compile` does not fuse; the loss "
+            "keeps hyper-train's label-position path."
+        ),
+    )
     loss_chunk_tokens: int | None = attrs.field(
         default=4096,
         validator=at_least(1),
