@@ -14,7 +14,7 @@ e.g. ``padding_side``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -95,24 +95,40 @@ def tokenizer_json(
 
 def build_offline_tokenizer(
     *,
-    special_tokens: Sequence[str],
+    special_tokens: Sequence[str] = (),
     corpus: Iterable[str] | None = None,
     vocab_size: int = 512,
     chat_template: str | None = None,
     pad_token: str = "<|endoftext|>",
     eos_token: str = "<|im_end|>",
+    named_special_tokens: Mapping[str, str] | None = None,
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` + a built-in corpus.
 
-    Any text encodes (byte-level). All special tokens (``pad_token``, ``eos_token`` and
-    ``special_tokens``) are never split and have ids ``0..n-1`` in that order.
+    Any text encodes (byte-level). All special tokens (``pad_token``, ``eos_token``,
+    ``special_tokens``, then the values of ``named_special_tokens`` not listed yet) are never
+    split and have ids ``0..n-1`` in that order. ``named_special_tokens`` maps attribute names
+    to tokens, as stock processors read them: ``{"image_token": "<image_soft_token>"}`` gives
+    ``tokenizer.image_token`` and ``tokenizer.image_token_id``, kept by ``save_pretrained``.
+
+    Example::
+
+        tok = build_offline_tokenizer(
+            special_tokens=["<start_of_turn>", "<end_of_turn>"],
+            named_special_tokens={"boi_token": "<start_of_image>", "image_token": "<img>"},
+            pad_token="<pad>",
+            eos_token="<eos>",
+        )
+        assert tok.image_token_id == tok.convert_tokens_to_ids("<img>")
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    specials = _special_list(pad_token, eos_token, special_tokens)
+    named = dict(named_special_tokens or {})
+    listed = list(dict.fromkeys([*special_tokens, *named.values()]))
+    specials = _special_list(pad_token, eos_token, listed)
     raw = tokenizer_json(
-        special_tokens=special_tokens,
+        special_tokens=listed,
         corpus=corpus,
         vocab_size=vocab_size,
         pad_token=pad_token,
@@ -124,6 +140,7 @@ def build_offline_tokenizer(
         pad_token=pad_token,
         eos_token=eos_token,
         extra_special_tokens=extra,
+        model_specific_special_tokens=named,
         clean_up_tokenization_spaces=False,
     )
     if chat_template is not None:

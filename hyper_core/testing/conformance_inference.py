@@ -23,10 +23,69 @@ class NotApplicable(Exception):
     """A check that does not apply to this adapter (the message says why)."""
 
 
+#: Optional packages of transformers' processors (name -> module): an error naming one that
+#: cannot be imported means the stock processor lacks it, whatever the exception's type (some
+#: families raise ``ValueError`` when their video processor needs torchvision).
+OPTIONAL_PACKAGES: dict[str, str] = {
+    "torchvision": "torchvision",
+    "torchcodec": "torchcodec",
+    "av": "av",
+    "pyav": "av",
+    "decord": "decord",
+    "opencv": "cv2",
+    "cv2": "cv2",
+    "timm": "timm",
+    "librosa": "librosa",
+    "soundfile": "soundfile",
+    "torchaudio": "torchaudio",
+    "scipy": "scipy",
+    "sentencepiece": "sentencepiece",
+    "protobuf": "google.protobuf",
+    "pytesseract": "pytesseract",
+    "num2words": "num2words",
+    "einops": "einops",
+}
+
+
+def _importable(name: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except Exception:  # absent, or installed but broken (torchvision against another torch)
+        return False
+    return True
+
+
+def missing_packages(exc: BaseException) -> list[str]:
+    """The optional packages ``exc``'s message names that cannot be imported."""
+    import re
+
+    text = str(exc).lower()
+    named = [p for p in OPTIONAL_PACKAGES if re.search(rf"\b{re.escape(p)}\b", text)]
+    return [p for p in named if not _importable(OPTIONAL_PACKAGES[p])]
+
+
 def _missing_backend(exc: Exception) -> bool:
     """Whether transformers refused for want of an optional package (e.g. torchvision)."""
-    text = str(exc)
-    return isinstance(exc, ImportError) or "Missing optional dependencies" in text
+    if isinstance(exc, ImportError) or "Missing optional dependencies" in str(exc):
+        return True
+    return bool(missing_packages(exc))
+
+
+def model_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``inputs`` that ``model.generate`` takes: named parameters of the model's
+    ``forward`` or ``prepare_inputs_for_generation``. A processor's metadata (e.g. crop
+    counts) is dropped: ``generate`` rejects keys the model does not take."""
+    import inspect
+
+    names: set[str] = set()
+    for fn in (model.forward, getattr(model, "prepare_inputs_for_generation", None)):
+        if fn is None:
+            continue
+        params = inspect.signature(fn).parameters.values()
+        names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return {k: v for k, v in inputs.items() if k in names}
 
 
 def _first_line(exc: Exception) -> str:
@@ -70,9 +129,11 @@ def check_stock_inference(t: AdapterUnderTest) -> str:
     model) or ``AutoTokenizer``; the saved chat template renders the conversation and the
     prompt (with the generation prompt) to exactly training's ids, the processor's pixels
     equal training's, and the model class's ``from_pretrained`` + ``generate`` run on one image
-    sample. Where AutoProcessor needs a package that is missing (torchvision for Qwen-VL's
-    video processor), the tokenizer and ``AutoImageProcessor`` stand in, expanding images as
-    training does (``generate`` then checks the count); not applicable where neither loads."""
+    sample, given only the processor outputs the model takes. Where AutoProcessor needs a
+    package that is missing (torchvision for Qwen-VL's video processor: any exception whose
+    message names a missing optional package), the tokenizer and ``AutoImageProcessor``
+    stand in, expanding images as training does (``generate`` then checks the count); not
+    applicable where neither loads."""
     import torch
     from transformers import AutoTokenizer, ProcessorMixin
 
@@ -139,7 +200,10 @@ def check_stock_inference(t: AdapterUnderTest) -> str:
     stock_model.eval()
     with torch.no_grad():
         generated = stock_model.generate(
-            **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=t.assets.pad_token_id
+            **model_inputs(stock_model, inputs),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=t.assets.pad_token_id,
         )
     length = inputs["input_ids"].shape[1]
     assert length < generated.shape[1] <= length + NEW_TOKENS, "generate added no tokens"

@@ -8,11 +8,15 @@
         plugins = ("my_pkg.plugin",)
         distributed = True  # adds test_two_rank_fsdp2
         extra_checks = LORA_CHECKS  # e.g. hyper_peft.conformance's: adds test_lora_*
+        expected_failures = {"export_roundtrip": "stock class drops the projector's bias"}
+        not_applicable = {"stock_inference": "transformers has no class for this model"}
 
 The checks are those of :mod:`hyper_core.testing.conformance`; the adapter, its assets and
 samples are built once per class. A check that does not apply to the adapter (e.g. no stock
 transformers processor loads its export) passes with a :class:`NotApplicableWarning` that says
-why, shown in pytest's warnings summary.
+why, shown in pytest's warnings summary. A subclass declares the checks it knows fail
+(``expected_failures``: strict xfail) or do not apply (``not_applicable``), each with its
+reason; a name that is no check is a ``TypeError`` when the class is defined.
 """
 
 from __future__ import annotations
@@ -31,12 +35,16 @@ class NotApplicableWarning(UserWarning):
 
 
 def _test_method(
-    check: str, fn: Callable[[AdapterUnderTest], str] | None = None
+    check: str,
+    fn: Callable[[AdapterUnderTest], str] | None = None,
+    not_applicable: str | None = None,
 ) -> Callable[[Any, AdapterUnderTest], None]:
     run = fn or CHECKS[check]
 
     def test(self: Any, conformance: AdapterUnderTest) -> None:
         try:
+            if not_applicable is not None:  # declared by the subclass: not run
+                raise NotApplicable(not_applicable)
             run(conformance)
         except NotApplicable as exc:
             warnings.warn(
@@ -65,17 +73,34 @@ class AdapterConformance:
     distributed: ClassVar[bool] = False
     #: More checks of the same form (name -> check), e.g. ``hyper_peft.conformance.LORA_CHECKS``.
     extra_checks: ClassVar[Mapping[str, Callable[[AdapterUnderTest], str]]] = {}
+    #: Checks known to fail for this adapter (name -> why): strict ``xfail``, so a check that
+    #: starts passing is reported and the entry can go.
+    expected_failures: ClassVar[Mapping[str, str]] = {}
+    #: Checks that do not apply to this adapter (name -> why): not run; they pass with a
+    #: :class:`NotApplicableWarning` giving the reason, like a check that finds so itself.
+    not_applicable: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for check in CHECKS:
-            if check in DISTRIBUTED_CHECKS:
-                if cls.distributed:  # multi-process: under the `slow` marker
-                    setattr(cls, f"test_{check}", pytest.mark.slow(_test_method(check)))
-            else:
-                setattr(cls, f"test_{check}", _test_method(check))
-        for check, fn in cls.extra_checks.items():
-            setattr(cls, f"test_{check}", _test_method(check, fn))
+        known = {*CHECKS, *cls.extra_checks}
+        for field in ("expected_failures", "not_applicable"):
+            unknown = sorted(set(getattr(cls, field)) - known)
+            if unknown:
+                raise TypeError(
+                    f"{cls.__name__}.{field} names no check: {', '.join(unknown)} "
+                    f"(the checks: {', '.join(sorted(known))})"
+                )
+        checks = {name: CHECKS[name] for name in CHECKS}
+        checks.update(cls.extra_checks)
+        for check, fn in checks.items():
+            if check in DISTRIBUTED_CHECKS and not cls.distributed:
+                continue
+            test: Any = _test_method(check, fn, cls.not_applicable.get(check))
+            if check in cls.expected_failures:
+                test = pytest.mark.xfail(reason=cls.expected_failures[check], strict=True)(test)
+            if check in DISTRIBUTED_CHECKS:  # multi-process: under the `slow` marker
+                test = pytest.mark.slow(test)
+            setattr(cls, f"test_{check}", test)
 
     @pytest.fixture(scope="class")
     @classmethod

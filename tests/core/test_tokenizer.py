@@ -100,3 +100,26 @@ def test_save_and_reload_offline(tmp_path: Path) -> None:
 def test_vocab_too_small() -> None:
     with pytest.raises(ValueError, match="vocab_size"):
         build_offline_tokenizer(special_tokens=SPECIALS, vocab_size=100)
+
+
+def test_named_special_tokens_are_attributes_as_stock_processors_read_them(
+    tmp_path: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>"}
+    tok = build_offline_tokenizer(
+        special_tokens=["<start_of_turn>", "<image_soft_token>"],
+        named_special_tokens=named,
+        pad_token="<pad>",
+        eos_token="<eos>",
+    )
+    # listed first, then the named ones not listed yet: ids follow that order
+    order = ["<pad>", "<eos>", "<start_of_turn>", "<image_soft_token>", "<start_of_image>"]
+    assert [tok.convert_tokens_to_ids(t) for t in order] == list(range(5))
+    assert (tok.boi_token, tok.image_token, tok.image_token_id) == (*named.values(), 3)
+    ids = tok("a<image_soft_token>b<start_of_image>", add_special_tokens=False).input_ids
+    assert 3 in ids and 4 in ids  # never split
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert (loaded.boi_token, loaded.image_token_id) == ("<start_of_image>", 3)
