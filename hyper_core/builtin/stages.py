@@ -144,19 +144,19 @@ def _load_file(
     source: Any, path: str | None, config: Any, registries: Any, where: str, base_dir: Path
 ) -> Sequence[dict[str, Any]]:
     """The raw samples of one file of a source; with ``image_dir`` (or ``[data] image_root``)
-    each sample's ``_image_dir`` says where its relative image paths resolve. A format that
-    declares an ``options`` class gets its options as an instance of it."""
-    from ..config.loader import format_options
+    each sample's ``_image_dir`` says where its relative image paths resolve. A format
+    registered with an ``options`` class gets its options as an instance of it."""
+    from ..config.fields import format_options
     from ..data.jsonl import IMAGE_DIR_KEY, WithImageDir
-    from .resolve import named
+    from ..resolve import dataset_format
 
-    fmt = named(f"{where}.format", registries.dataset_formats, source.format)
+    fmt, options_class = dataset_format(f"{where}.format", registries, source.format)
     image_dir = None
     if source.image_dir is not None:
         image_dir = _image_dir(source.image_dir, base_dir, f"{where}.image_dir")
     elif config.data.image_root is not None:
         image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
-    options = format_options(fmt, source.options, where)
+    options = format_options(options_class, source.options, where)
     samples = fmt(path, options, base_dir)
     if not isinstance(samples, Sequence):
         samples = list(samples)

@@ -41,6 +41,9 @@ class ParallelStrategy:
     #: Whether :meth:`apply` shares out ``plan.moe_blocks`` over ``dist.ep`` ranks
     #: (``[parallel] ep``; :mod:`hyper_core.parallel.expert_parallel`).
     expert_parallel: ClassVar[bool] = False
+    #: Whether :meth:`apply` installs context parallelism (``[parallel] cp``;
+    #: :mod:`hyper_core.parallel.context_parallel`), splitting each row over ``dist.cp`` ranks.
+    context_parallel: ClassVar[bool] = False
 
     def __init__(self, parallel_config: Any, training_config: Any) -> None:
         self.parallel = parallel_config

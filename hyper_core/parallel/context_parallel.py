@@ -57,28 +57,6 @@ if TYPE_CHECKING:
     from .env import DistEnv
 
 
-def context_parallel_problem(config: Any) -> tuple[str, str] | None:
-    """What makes ``[parallel] cp`` unusable with ``config``, as ``($.path, message)``; None
-    when ``cp`` is 1 or can run (the world size and the heads are checked elsewhere)."""
-    par = config.parallel
-    cp = par.cp
-    if cp == 1:
-        return None
-    if par.strategy != "fsdp2":
-        return (
-            "$.parallel.cp",
-            f"{cp}: strategy {par.strategy!r} has no context parallelism; use fsdp2",
-        )
-    attn = config.model.attn_implementation
-    if attn not in ("varlen", "flash_varlen"):
-        return (
-            "$.parallel.cp",
-            f'{cp} needs [model] attn_implementation = "varlen" or "flash_varlen" (the '
-            f"attention it runs over the whole row), got {attn!r}",
-        )
-    return None
-
-
 @attrs.frozen
 class RowSplit:
     """Which tokens of a row rank ``rank`` of a ``cp`` group keeps (see the module doc)."""

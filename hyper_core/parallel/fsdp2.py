@@ -41,6 +41,7 @@ class FSDP2(ParallelStrategy):
     meta_init = True
     loads_shards = True
     expert_parallel = True
+    context_parallel = True
 
     def mixed_precision(self) -> object:
         """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``; unset

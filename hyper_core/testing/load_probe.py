@@ -75,9 +75,9 @@ def write_random_checkpoint(out: Path, target_bytes: int, max_shard_size: str = 
     sharded with an index) in ``out``; returns its size in bytes."""
     import torch
 
-    from ..builtin.resolve import resolve_adapter
     from ..config import load_config_dict
     from ..plugins import get_plugin_host
+    from ..resolve import resolve_adapter
 
     config = load_config_dict(run_config(model_section(target_bytes=target_bytes), out))
     adapter = resolve_adapter(config.model, get_plugin_host().registries)
@@ -114,10 +114,10 @@ def probe(
     import torch
     import torch.distributed as tdist
 
-    from ..builtin.resolve import resolve_adapter, resolve_strategy
     from ..config import load_config
     from ..parallel.materialize import plan_build
     from ..plugins import get_plugin_host
+    from ..resolve import resolve_adapter, resolve_strategy
 
     host = get_plugin_host()
     config = load_config(config_file, [], host.registries.config_sections)

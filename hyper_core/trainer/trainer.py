@@ -116,8 +116,10 @@ class Trainer:
             raise
 
     def _setup(self) -> None:
-        from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
+        from ..batching.resolve import resolve_runtime
+        from ..config.world import context_parallel_problem
         from ..parallel.materialize import plan_build
+        from ..resolve import resolve_adapter, resolve_strategy
 
         cfg = self.config
         self.dist = self._stage("setup_distributed", config=cfg)
@@ -125,6 +127,9 @@ class Trainer:
         self.adapter = resolve_adapter(cfg.model, self.registries)
         self.adapter.parse_options(cfg.model)  # [model.options], before anything is built
         self.strategy = resolve_strategy(cfg, self.registries)
+        problem = context_parallel_problem(cfg, self.strategy)
+        if problem is not None:
+            raise ConfigError([problem])
         self._build_callbacks()
         # Rank 0 builds the model in full and the others on meta when the strategy broadcasts
         # it; every rank on meta when each reads its own shards of [model] path.

@@ -129,8 +129,8 @@ def test_filler_only_when_ranks_must_all_run_the_encoder() -> None:
 
 
 def test_runtime_is_built_with_its_filler(tmp_path: Path) -> None:
+    from hyper_core.batching.resolve import resolve_runtime
     from hyper_core.batching.types import SampleFeatures
-    from hyper_core.builtin.resolve import resolve_runtime
     from hyper_core.config import load_config_dict
 
     host = isolated_host()

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.config import load_config_dict
 from hyper_core.parallel.env import DistEnv
 from hyper_core.parallel.hf_load import AFTER_LOAD, load_hf_shards
 from hyper_core.parallel.materialize import materialize_buffers
 from hyper_core.plugins import get_plugin_host
+from hyper_core.resolve import resolve_adapter
 from hyper_core.testing import tiny_text_config
 
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.config.schema import ModelConfig
 from hyper_core.plugins import PluginHost
+from hyper_core.resolve import resolve_adapter
 from hyper_kimi_k26.adapter import KimiK25Adapter
 
 

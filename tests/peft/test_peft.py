@@ -35,8 +35,8 @@ def test_plugin_module_imports_no_torch() -> None:
 
 def _built(raw: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(config, adapter, model) of the tiny text run, the model built on the CPU, no LoRA."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     config = load(raw)
     adapter = resolve_adapter(config.model, get_plugin_host().registries)

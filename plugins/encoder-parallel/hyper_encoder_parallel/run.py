@@ -88,8 +88,8 @@ class EncoderParallelRun:
             self._bind(trainer)
 
     def _bind(self, trainer: Any) -> None:
-        from hyper_core.builtin.resolve import named
         from hyper_core.registry import normalize_name
+        from hyper_core.resolve import named
 
         config = trainer.config
         base_name = self.settings.base
