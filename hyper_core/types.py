@@ -26,6 +26,7 @@ from .adapters.base import (
 )
 from .batching.types import IGNORE_INDEX, MicroBatch, SampleFeatures
 from .parallel.env import DistEnv
+from .parallel.load_plan import LoadPlan
 from .trainer.state import TrainState
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ class DataLoaders:
 
 
 class Register(Protocol):
-    """The ``register`` callback of the component registration hooks."""
+    """The ``register`` callback of the component registration hooks (``options``: dataset
+    formats only, their options class or ``"module:Class"``)."""
 
     def __call__(
         self,
@@ -60,6 +62,7 @@ class Register(Protocol):
         *,
         aliases: Iterable[str] = (),
         overrides: str | None = None,
+        options: type | str | None = None,
     ) -> None: ...
 
 
@@ -146,6 +149,7 @@ __all__ = [
     "DistEnv",
     "FlopsCount",
     "GetBatch",
+    "LoadPlan",
     "LossFn",
     "MicroBatch",
     "MoEAdapter",

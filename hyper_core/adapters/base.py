@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
     from ..data.conversation import Conversation
     from ..export import CheckpointLayout
+    from ..parallel.load_plan import LoadPlan
 
 
 @attrs.frozen(kw_only=True)
@@ -54,6 +55,9 @@ class ParallelPlan:
     #: The MoE blocks whose routed experts ``[parallel] ep > 1`` shares out; the core's
     #: ``parallelize_model`` stage fills it from :meth:`MoEAdapter.moe_blocks`.
     moe_blocks: tuple[MoEBlock, ...] = ()
+    #: How the weights arrive (the run's ``plan_load`` result), set by the core's
+    #: ``parallelize_model`` stage for the strategy; None: they are in the model as built.
+    load: LoadPlan | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -125,6 +125,20 @@ class ContextParallel:
         """The group's size."""
         return self.split.cp
 
+    def mark_attention_call(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """An attention module's forward pre-hook: in training, its attention function gets
+        this group (:data:`~hyper_core.attention.varlen.CONTEXT_PARALLEL_KWARG`), which the
+        module passes on with its other keyword arguments. A hook, not an attribute: the
+        state stays with the run's hooks, and an activation-checkpointing recompute calls the
+        module again, so the hook again."""
+        from ..attention.varlen import CONTEXT_PARALLEL_KWARG
+
+        if not module.training:
+            return None
+        return args, {**kwargs, CONTEXT_PARALLEL_KWARG: self}
+
     def split_decoder_inputs(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -265,8 +279,6 @@ def split_micro_batch(micro_batch: MicroBatch, dist: DistEnv) -> MicroBatch:
 def install_context_parallel(model: torch.nn.Module, dist: DistEnv) -> ContextParallel:
     """Split ``model``'s decoder over ``dist``'s cp group (see the module doc); a
     ``$.parallel.cp`` :class:`ConfigError` when its heads do not split evenly."""
-    from ..attention.varlen import CONTEXT_PARALLEL_ATTR
-
     cp = dist.cp
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None:
@@ -294,6 +306,6 @@ def install_context_parallel(model: torch.nn.Module, dist: DistEnv) -> ContextPa
         )
     state = ContextParallel(RowSplit(cp, dist.cp_rank), dist.cp_mesh.get_group())
     for layer in layers:
-        setattr(layer, CONTEXT_PARALLEL_ATTR, state)
+        layer.register_forward_pre_hook(state.mark_attention_call, with_kwargs=True)
     decoder.register_forward_pre_hook(state.split_decoder_inputs, with_kwargs=True)
     return state

@@ -71,7 +71,8 @@ class FSDP2(ParallelStrategy):
         if dist.mesh is None:
             raise RuntimeError("fsdp2 needs the device mesh of setup_distributed")
         # Weights from [model] path: every rank is on meta and reads its own shards after this.
-        source = None if dist.sharded_load else take_rank0_source(model, dist)
+        sharded_load = plan.load is not None and plan.load.sharded_load
+        source = None if sharded_load else take_rank0_source(model, dist)
         mp = self.mixed_precision()
         units = match_modules(model, plan.sharding_units)
         if not units and dist.is_main:
@@ -96,7 +97,7 @@ class FSDP2(ParallelStrategy):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
         fully_shard(model, mesh=dist.mesh, mp_policy=mp)
         ignore_root_view_warning(model)
-        if dist.sharded_load:
+        if sharded_load:
             # Parameters stay on meta: the load creates each rank's shards (FSDP2 adopts the
             # new parameters at its lazy init), so no second copy is ever allocated.
             materialize_buffers(model, dist.device)

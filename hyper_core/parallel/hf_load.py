@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from .env import DistEnv
+    from .load_plan import CheckpointView
 
 log = logging.getLogger("hyper_train")
 
@@ -89,34 +90,22 @@ def _sequential_reads() -> Iterator[None]:
             os.environ[key] = old
 
 
-#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
-#: returning a context manager under which the model's module tree is that of its checkpoint.
-#: A plugin that adds parameters the checkpoint does not have (``hyper-train-peft``'s LoRA
-#: layers, which hold the original layer as ``base_layer``) sets it to swap its modules for
-#: the originals during the load; its own parameters are then left on meta, and the plugin
-#: initialises them after ``parallelize_model`` (``on_stage_end``).
-CHECKPOINT_VIEW = "hyper_train_checkpoint_view"
-
-#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
-#: run (once, then removed) when the weights are in, outside :data:`CHECKPOINT_VIEW`. ``ddp``
-#: sets it to wrap the model in ``DistributedDataParallel`` then.
-AFTER_LOAD = "hyper_train_after_load"
-
-
 def load_hf_shards(
-    model: torch.nn.Module, path: Path, dist: DistEnv, conversions: list[Any]
+    model: torch.nn.Module,
+    path: Path,
+    dist: DistEnv,
+    conversions: list[Any],
+    *,
+    view: CheckpointView | None = None,
 ) -> None:
     """Fill the (sharded, materialised) ``model`` with the weights of the HF directory
-    ``path``, each rank reading only its slices (collective-free); inside the model's
-    :data:`CHECKPOINT_VIEW` when it has one.
+    ``path``, each rank reading only its slices (collective-free); inside ``view(model)``
+    when given (:attr:`LoadPlan.checkpoint_view
+    <hyper_core.parallel.load_plan.LoadPlan.checkpoint_view>`: a plugin whose modules differ
+    from the checkpoint's shows the checkpoint's tree; what it hides stays on meta).
     """
-    view = getattr(model, CHECKPOINT_VIEW, None)
-    with view() if view is not None else contextlib.nullcontext():
+    with view(model) if view is not None else contextlib.nullcontext():
         _load_hf_shards(model, path, dist, conversions)
-    after = getattr(model, AFTER_LOAD, None)
-    if after is not None:
-        delattr(model, AFTER_LOAD)
-        after()
 
 
 def _load_hf_shards(

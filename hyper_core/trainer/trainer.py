@@ -118,7 +118,6 @@ class Trainer:
     def _setup(self) -> None:
         from ..batching.resolve import resolve_runtime
         from ..config.world import context_parallel_problem
-        from ..parallel.materialize import plan_build
         from ..resolve import resolve_adapter, resolve_strategy
 
         cfg = self.config
@@ -133,8 +132,12 @@ class Trainer:
         self._build_callbacks()
         # Rank 0 builds the model in full and the others on meta when the strategy broadcasts
         # it; every rank on meta when each reads its own shards of [model] path.
-        plan_build(self.dist, self.strategy, self.adapter, cfg.model)
-        self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
+        self.load_plan = self._stage(
+            "plan_load", config=cfg, adapter=self.adapter, dist=self.dist, strategy=self.strategy
+        )
+        self.model = self._stage(
+            "build_model", config=cfg, adapter=self.adapter, dist=self.dist, load=self.load_plan
+        )
         self.model = self._stage(
             "parallelize_model",
             config=cfg,
@@ -142,6 +145,7 @@ class Trainer:
             adapter=self.adapter,
             dist=self.dist,
             strategy=self.strategy,
+            load=self.load_plan,
         )
         self.loss_fn = self._stage("build_loss", config=cfg, adapter=self.adapter)
         self.assets = self._stage("build_model_assets", config=cfg, adapter=self.adapter)

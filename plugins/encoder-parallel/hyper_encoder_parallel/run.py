@@ -99,7 +99,7 @@ class EncoderParallelRun:
             )
         cls = named(f"$.{SECTION}.base", trainer.registries.parallel_strategies, base_name)
         base = cls(config.parallel, config.training)
-        if trainer.dist.meta_init and not getattr(base, "meta_init", False):
+        if trainer.load_plan.meta_init and not base.meta_init:
             raise ConfigError(
                 [
                     (
