@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 
 from .adapters.base import (
+    ContextParallelAdapter,
     FlopsCount,
     ModelAdapter,
     ModelAssets,
     MoEAdapter,
     MoEBlock,
     ParallelPlan,
+    TokenSplit,
     VisionEncoderAdapter,
     VisionEncoderSpec,
 )
@@ -144,6 +146,7 @@ __all__ = [
     "IGNORE_INDEX",
     "Checkpointer",
     "Collate",
+    "ContextParallelAdapter",
     "DataLoaders",
     "DatasetSplits",
     "DistEnv",
@@ -161,6 +164,7 @@ __all__ = [
     "RegisterCommand",
     "RegisterSection",
     "SampleFeatures",
+    "TokenSplit",
     "TrainState",
     "TrainingContext",
     "Transform",

@@ -77,7 +77,11 @@ def parallelize_model(
     """Activation checkpointing and ``[training] compile`` per sharding unit, then the
     strategy (told ``load`` in its plan); with ``load.sharded_load`` each rank then reads its
     shards of ``[model] path`` and the strategy hears of it (``weights_loaded``)."""
+    from ..adapters.base import ContextParallelAdapter
+
     plan = attrs.evolve(adapter.parallel_plan(model), load=load)
+    if config.parallel.cp > 1 and isinstance(adapter, ContextParallelAdapter):
+        plan = attrs.evolve(plan, context_parallel=adapter)
     if config.parallel.ep > 1:
         from ..parallel.expert_parallel import expert_parallel_plan
 

@@ -13,12 +13,10 @@ from typing import Any
 
 import attrs
 
-from ..adapters.hf import match_modules
-
 
 def apply_regional_compile(model: Any, plan: Any) -> list[str]:
     """Compile every sharding unit of ``plan`` in place; returns their names."""
-    names = match_modules(model, plan.sharding_units)
+    names = plan.match(model)
     for name in names:
         model.get_submodule(name).compile(dynamic=True)
     return names

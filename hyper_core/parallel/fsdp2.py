@@ -21,7 +21,7 @@ import re
 import warnings
 from typing import TYPE_CHECKING
 
-from ..adapters.hf import match_modules, torch_dtype
+from ..adapters.hf import torch_dtype
 from .base import ParallelStrategy
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class FSDP2(ParallelStrategy):
         sharded_load = plan.load is not None and plan.load.sharded_load
         source = None if sharded_load else take_rank0_source(model, dist)
         mp = self.mixed_precision()
-        units = match_modules(model, plan.sharding_units)
+        units = plan.match(model)
         if not units and dist.is_main:
             log.warning(
                 "fsdp2: no module matches the sharding units %s; the model is one FSDP unit",
@@ -87,11 +87,12 @@ class FSDP2(ParallelStrategy):
         if dist.cp > 1:
             from .context_parallel import install_context_parallel
 
-            install_context_parallel(model, dist)
-            if plan.vision_encoder is not None:
+            install_context_parallel(model, dist, plan.context_parallel)
+            grid = plan.context_parallel and plan.context_parallel.vision_grid_keyword()
+            if plan.vision_encoder is not None and grid:
                 from .cp_vision import split_vision_tower
 
-                split_vision_tower(model, plan.vision_encoder.module, dist)
+                split_vision_tower(model, plan.vision_encoder.module, dist, grid)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=dist.mesh, mp_policy=mp)
@@ -118,7 +119,7 @@ def ignore_root_view_warning(model: torch.nn.Module) -> None:
     the pre-backward hook and so the all-gather of the root's parameters. It does not apply
     to the root: its outputs go only to the loss function, which reads them out of place
     (``causal_lm_loss``: ``logits.float()``); the views are outputs nothing reads, e.g.
-    Qwen2.5-VL's ``image_outputs.pooler_output`` (a ``torch.split`` of the image embeddings).
+    a VL model's ``image_outputs.pooler_output`` (a ``torch.split`` of the image embeddings).
     Sharding units inside the model keep the warning: there an in-place op by the parent
     module would be real.
     """

@@ -7,14 +7,14 @@ read with safetensors' slicing (``pread``, no memory map, so the pages read are 
 mapped), one at a time, and only the rows of the rank's shard. No process ever holds the full
 model, not even rank 0.
 
-Checkpoint names that differ from module names (Qwen-VL's ``model.language_model`` prefix,
+Checkpoint names that differ from module names (a VL model's ``model.language_model`` prefix,
 Kimi's per-expert ``experts.{e}.gate_proj`` keys fused into ``experts.gate_up_proj``, ...)
 go through transformers' own conversion mapping for the model class, the one
 ``from_pretrained`` applies, so the loaded weights are exactly what a single-process
 ``from_pretrained`` gives. transformers 5 slices DTensor parameters on read (its
 ``DtensorShardOperation``; per-expert tensors a rank does not own are not read at all). That
 is right for renames and for conversions that keep dim 0 (stacking experts, concatenating
-along a later dim). A conversion that transposes later dims (Qwen3-VL-MoE's stacked experts)
+along a later dim). A conversion that transposes later dims (stacked experts stored transposed)
 reads the rank's rows of its sources, converts, and keeps the rank's part; one that reshapes
 dim 0 (Kimi's vision ``wqkv`` split into q/k/v and permuted for RoPE) reads its sources whole,
 converts, and keeps the rank's part (:func:`_load_whole`): such tensors are small, one at a
@@ -227,7 +227,7 @@ def _split_by_conversion(
 def _transposes(converter: Any) -> bool:
     """Whether the conversion permutes dims: transformers' shard-on-read checks the slice's
     shape against the parameter before converting, so these are read (the rank's rows) and
-    converted here (e.g. Qwen3-VL-MoE's stacked experts, stored ``(E, I, H)`` for
+    converted here (e.g. an MoE model's stacked experts, stored ``(E, I, H)`` for
     ``(E, H, I)``)."""
     from transformers.core_model_loading import Transpose
 
