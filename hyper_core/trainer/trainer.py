@@ -37,6 +37,7 @@ from .state import TrainState
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..parallel.load_plan import LoadPlan
     from ..plugins.manager import PluginHost
 
 log = logging.getLogger("hyper_train")
@@ -62,6 +63,8 @@ class Trainer:
         # Objects the build stages produce (set in setup()).
         self.dist: Any = None
         self.adapter: Any = None
+        #: How the weights reach each rank (the ``plan_load`` stage's frozen plan).
+        self.load_plan: LoadPlan | None = None
         self.model: Any = None
         self.loss_fn: Any = None
         self.assets: Any = None
