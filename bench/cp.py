@@ -60,11 +60,11 @@ def worker(sample_len: int) -> None:
 
     from hyper_core.attention import register
     from hyper_core.batching.types import IGNORE_INDEX
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import ModelConfig
     from hyper_core.parallel.context_parallel import RowSplit, install_context_parallel
     from hyper_core.parallel.env import DistEnv
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     torch.set_num_threads(1)
     cp = int(os.environ.get("WORLD_SIZE", "1"))

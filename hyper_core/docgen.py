@@ -31,11 +31,6 @@ EXAMPLES: dict[str, str] = {
         "@hookimpl\ndef register_parallel_strategies(register):\n"
         '    register("encoder_parallel", "hyper_encoder_parallel.strategy:EncoderParallel")'
     ),
-    "register_dataset_formats": (
-        "@hookimpl\ndef register_dataset_formats(register):\n"
-        "    # fn(path, options, base_dir) -> list of raw sample dicts\n"
-        '    register("parquet_chat", "my_pkg.formats:load_parquet_chat")'
-    ),
     "register_commands": (
         "@hookimpl\ndef register_commands(register):\n"
         "    def add_arguments(parser):\n"
@@ -50,18 +45,6 @@ EXAMPLES: dict[str, str] = {
         "    dist = yield\n"
         '    print(f"rank {dist.rank} of {dist.world_size} on {dist.device}")\n'
         "    return dist"
-    ),
-    "build_model": (
-        "@hookimpl(wrapper=True)\ndef build_model(config, adapter, dist):\n"
-        "    model = yield\n"
-        "    model.get_input_embeddings().requires_grad_(False)  # freeze embeddings\n"
-        "    return model"
-    ),
-    "parallelize_model": (
-        "@hookimpl\ndef parallelize_model(config, model, adapter, dist, strategy):\n"
-        '    if config.parallel.strategy == "my_tp":\n'
-        "        return apply_my_tensor_parallel(model, dist.mesh)\n"
-        "    return None  # let the next implementation (the core) do it"
     ),
     "build_loss": (
         "@hookimpl\ndef build_loss(config, adapter):\n"

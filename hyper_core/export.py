@@ -369,8 +369,8 @@ def export_checkpoint(
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from .builtin.resolve import resolve_adapter
     from .checkpoint import resolve_checkpoint
+    from .resolve import resolve_adapter
 
     checkpoint = resolve_checkpoint(checkpoint)
     adapter = resolve_adapter(config.model, host.registries)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .config import Config
     from .export import ExportOptions
     from .parallel.base import ParallelStrategy
+    from .parallel.load_plan import LoadPlan
     from .registry import Registries
     from .step.lockstep import Lockstep
     from .trainer.evaluate import Evaluator
@@ -68,6 +69,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 BUILD_STAGES: tuple[str, ...] = (
     "setup_distributed",
     "build_callbacks",
+    "plan_load",
     "build_model",
     "parallelize_model",
     "build_loss",
@@ -164,19 +166,31 @@ def register_parallel_strategies(register: Register) -> None:
 def register_dataset_formats(register: Register) -> None:
     """Register dataset formats (``[data] train = { format = NAME, ... }``).
 
-    ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a callable or
-    ``"module:function"`` called as ``fn(path, options, base_dir)``: ``path`` the source's
+    ``register(name, ref, *, aliases=(), overrides=None, options=None)`` with ``ref`` a callable
+    or ``"module:function"`` called as ``fn(path, options, base_dir)``: ``path`` the source's
     ``path`` (or the plain string of ``[data] train``), ``options`` its other keys (without
     ``format`` and ``image_dir``), ``base_dir`` the config file's directory. It returns a list
     of fresh raw sample dicts (see :class:`~hyper_core.data.DatasetFormat`). The core
-    registers ``jsonl`` and ``shapes``.
+    registers ``jsonl``, ``parquet`` and ``hf`` conversations and the demo sets ``shapes`` and
+    ``moving_shapes``.
 
-    A format declares its options as an attrs class in the callable's ``options`` attribute
-    (``load_csv.options = CsvOptions``, as :class:`~hyper_core.data.jsonl.JsonlOptions` and
-    :class:`~hyper_core.data.shapes.ShapesOptions` do): they are then validated with the rest
-    of the config (``hyper-train config validate`` names ``$.data.train.KEY``, unknown keys
-    included) and ``options`` is an instance of the class. Without the attribute, ``options`` is
-    the dict, checked only when the run reads the data.
+    ``options=`` declares the format's options as an attrs class (or ``"module:Class"``, as the
+    core's :class:`~hyper_core.data.jsonl.JsonlOptions` and
+    :class:`~hyper_core.data.shapes.ShapesOptions`): they are then validated with the rest of
+    the config (``hyper-train config validate`` names ``$.data.train.KEY``, unknown keys
+    included) and ``options`` is an instance of the class. Without it, ``options`` is the dict,
+    checked only when the run reads the data.
+
+    Example::
+
+        @hookimpl
+        def register_dataset_formats(register):
+            # fn(path, options: ParquetChatOptions, base_dir) -> list of raw sample dicts
+            register(
+                "parquet_chat",
+                "my_pkg.formats:load_parquet_chat",
+                options="my_pkg.formats:ParquetChatOptions",
+            )
     """
 
 
@@ -222,12 +236,53 @@ def setup_distributed(config: Config) -> DistEnv | None:
 
 
 @hookspec(firstresult=True)
-def build_model(config: Config, adapter: ModelAdapter, dist: DistEnv) -> torch.nn.Module | None:
+def plan_load(
+    config: Config, adapter: ModelAdapter, dist: DistEnv, strategy: ParallelStrategy
+) -> LoadPlan | None:
+    """Decide how the weights reach each rank: a frozen
+    :class:`~hyper_core.types.LoadPlan`, given to ``build_model`` and ``parallelize_model``
+    (and, in :attr:`ParallelPlan.load <hyper_core.adapters.ParallelPlan.load>`, to the
+    strategy).
+
+    The default (:meth:`LoadPlan.for_run <hyper_core.types.LoadPlan.for_run>`): with several
+    ranks and a strategy that materialises (``meta_init``), rank 0 builds the model and the
+    others build on meta; when the strategy also ``loads_shards`` and the weights come from
+    ``[model] path``, every rank builds on meta and reads its own shards. A plugin changes the
+    plan by wrapping this stage and returning ``attrs.evolve(plan, ...)``; one whose modules
+    differ from the checkpoint's sets ``checkpoint_view`` for the sharded load.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def plan_load(config):
+            plan = yield
+            if plan.sharded_load and config.section("my_plugin").enabled:
+                # my_plugin changes the weights as they load: rank 0 loads and broadcasts
+                plan = attrs.evolve(plan, sharded_load=False)
+            print(f"meta init: {plan.meta_init}, sharded load: {plan.sharded_load}")
+            return plan
+    """
+
+
+@hookspec(firstresult=True)
+def build_model(
+    config: Config, adapter: ModelAdapter, dist: DistEnv, load: LoadPlan
+) -> torch.nn.Module | None:
     """Build the ``torch.nn.Module`` to train.
 
     ``adapter`` is the resolved :class:`~hyper_core.adapters.ModelAdapter`; ``dist`` the
-    :class:`~hyper_core.types.DistEnv`. The default asks the adapter (random init from a named
-    config, or weights from ``[model] path``) and applies ``[model] freeze``.
+    :class:`~hyper_core.types.DistEnv`; ``load`` the run's :class:`~hyper_core.types.LoadPlan`
+    (``load.build_device(dist.rank)``: ``"cpu"`` or ``"meta"``). The default asks the adapter
+    (random init from a named config, or weights from ``[model] path``) and applies
+    ``[model] freeze``.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_model(config, adapter, dist):
+            model = yield
+            model.get_input_embeddings().requires_grad_(False)  # freeze embeddings
+            return model
     """
 
 
@@ -238,13 +293,24 @@ def parallelize_model(
     adapter: ModelAdapter,
     dist: DistEnv,
     strategy: ParallelStrategy,
+    load: LoadPlan,
 ) -> torch.nn.Module | None:
     """Apply the parallel strategy and return the model to train.
 
     ``strategy`` is the :class:`~hyper_core.parallel.ParallelStrategy` named by
     ``[parallel] strategy``; the default calls its ``apply`` with the adapter's
-    :class:`~hyper_core.adapters.ParallelPlan`, after activation checkpointing of the
-    sharding units by the ``[training] activation_checkpointing`` policies.
+    :class:`~hyper_core.adapters.ParallelPlan` (``load`` in its ``load``), after activation
+    checkpointing of the sharding units by the ``[training] activation_checkpointing``
+    policies; with ``load.sharded_load`` it then reads each rank's shards of ``[model] path``
+    (inside ``load.checkpoint_view``) and calls ``strategy.weights_loaded(model)``.
+
+    Example::
+
+        @hookimpl
+        def parallelize_model(config, model, adapter, dist, strategy):
+            if config.parallel.strategy == "my_tp":
+                return apply_my_tensor_parallel(model, dist.mesh)
+            return None  # let the next implementation (the core) do it
     """
 
 

@@ -254,8 +254,8 @@ def load_chat_model(
 
 
 def _load_export(path: Path, host: PluginHost, adapter_name: str | None) -> ChatModel:
-    from .builtin.resolve import resolve_adapter
     from .config import ModelConfig
+    from .resolve import resolve_adapter
 
     model_config = ModelConfig(path=str(path), adapter=adapter_name or _run_adapter(path))
     adapter = resolve_adapter(model_config, host.registries)
@@ -317,7 +317,7 @@ def load_checkpoint_model(
 
     import torch.distributed.checkpoint as dcp
 
-    from .builtin.resolve import resolve_adapter
+    from .resolve import resolve_adapter
 
     adapter = resolve_adapter(config.model, host.registries)
     model = adapter.build_model(config.model, device="cpu")

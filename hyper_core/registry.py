@@ -54,6 +54,8 @@ class Entry(Generic[T]):
     plugin: str
     aliases: tuple[str, ...] = ()
     overrides: str | None = None
+    #: A dataset format's options: an attrs class or a lazy ``"module:Class"`` (None: a dict).
+    options: Any = None
     _loaded: Any = attrs.field(default=None, alias="_loaded")
 
     def load(self) -> T:
@@ -61,6 +63,10 @@ class Entry(Generic[T]):
         if self._loaded is None:
             self._loaded = import_ref(self.ref) if isinstance(self.ref, str) else self.ref
         return self._loaded
+
+    def options_class(self) -> type | None:
+        """The declared options class (imported on first use), or None."""
+        return import_ref(self.options) if isinstance(self.options, str) else self.options
 
     @property
     def ref_name(self) -> str:
@@ -73,10 +79,14 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Components of one kind, by normalised name."""
 
-    def __init__(self, kind: str, known: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, kind: str, known: Mapping[str, str] | None = None, *, takes_options: bool = False
+    ) -> None:
         """``known``: ``name -> distribution`` of first-party names, for "pip install" hints
-        (see :mod:`hyper_core.known_plugins`)."""
+        (see :mod:`hyper_core.known_plugins`); ``takes_options``: entries may declare an
+        options class (dataset formats)."""
         self.kind = kind
+        self.takes_options = takes_options
         self._entries: dict[str, Entry[T]] = {}  # canonical key -> entry
         self._keys: dict[str, str] = {}  # any normalised name/alias -> canonical key
         self._known = {normalize_name(n): d for n, d in (known or {}).items()}
@@ -92,10 +102,20 @@ class Registry(Generic[T]):
         plugin: str,
         aliases: Iterable[str] = (),
         overrides: str | None = None,
+        options: Any = None,
     ) -> None:
-        """Add a component; a clash with another plugin's name is an error naming both."""
+        """Add a component; a clash with another plugin's name is an error naming both.
+        ``options`` (dataset formats only) is the attrs class, or ``"module:Class"``, that the
+        component's options are structured into."""
+        if options is not None and not self.takes_options:
+            raise PluginError(f"{self.kind} {name!r}: only dataset formats declare options")
         entry: Entry[T] = Entry(
-            name=name, ref=ref, plugin=plugin, aliases=tuple(aliases), overrides=overrides
+            name=name,
+            ref=ref,
+            plugin=plugin,
+            aliases=tuple(aliases),
+            overrides=overrides,
+            options=options,
         )
         keys = [normalize_name(n) for n in (name, *entry.aliases)]
         for key in keys:
@@ -190,7 +210,9 @@ class Registries:
     parallel_strategies: Registry[Any] = attrs.field(
         factory=lambda: Registry("parallel strategy", known_distributions("strategies"))
     )
-    dataset_formats: Registry[Any] = attrs.field(factory=lambda: Registry("dataset format"))
+    dataset_formats: Registry[Any] = attrs.field(
+        factory=lambda: Registry("dataset format", takes_options=True)
+    )
     config_sections: SectionTable = attrs.field(
         default=attrs.Factory(lambda self: SectionTable(self.dataset_formats), takes_self=True)
     )

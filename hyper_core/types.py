@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 
 from .adapters.base import (
+    ContextParallelAdapter,
     FlopsCount,
     ModelAdapter,
     ModelAssets,
     MoEAdapter,
     MoEBlock,
     ParallelPlan,
+    TokenSplit,
     VisionEncoderAdapter,
     VisionEncoderSpec,
 )
 from .batching.types import IGNORE_INDEX, MicroBatch, SampleFeatures
 from .parallel.env import DistEnv
+from .parallel.load_plan import LoadPlan
 from .trainer.state import TrainState
 
 if TYPE_CHECKING:
@@ -51,7 +54,8 @@ class DataLoaders:
 
 
 class Register(Protocol):
-    """The ``register`` callback of the component registration hooks."""
+    """The ``register`` callback of the component registration hooks (``options``: dataset
+    formats only, their options class or ``"module:Class"``)."""
 
     def __call__(
         self,
@@ -60,6 +64,7 @@ class Register(Protocol):
         *,
         aliases: Iterable[str] = (),
         overrides: str | None = None,
+        options: type | str | None = None,
     ) -> None: ...
 
 
@@ -141,11 +146,13 @@ __all__ = [
     "IGNORE_INDEX",
     "Checkpointer",
     "Collate",
+    "ContextParallelAdapter",
     "DataLoaders",
     "DatasetSplits",
     "DistEnv",
     "FlopsCount",
     "GetBatch",
+    "LoadPlan",
     "LossFn",
     "MicroBatch",
     "MoEAdapter",
@@ -157,6 +164,7 @@ __all__ = [
     "RegisterCommand",
     "RegisterSection",
     "SampleFeatures",
+    "TokenSplit",
     "TrainState",
     "TrainingContext",
     "Transform",

@@ -1,5 +1,19 @@
 """Model adapters."""
 
-from .base import FlopsCount, ModelAdapter, ModelAssets, ParallelPlan, VisionEncoderSpec
+from .base import (
+    ContextParallelAdapter,
+    FlopsCount,
+    ModelAdapter,
+    ModelAssets,
+    ParallelPlan,
+    VisionEncoderSpec,
+)
 
-__all__ = ["FlopsCount", "ModelAdapter", "ModelAssets", "ParallelPlan", "VisionEncoderSpec"]
+__all__ = [
+    "ContextParallelAdapter",
+    "FlopsCount",
+    "ModelAdapter",
+    "ModelAssets",
+    "ParallelPlan",
+    "VisionEncoderSpec",
+]

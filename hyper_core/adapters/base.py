@@ -3,11 +3,13 @@
 :class:`ModelAdapter` is what every adapter implements. Optional capabilities are
 :class:`typing.Protocol` classes an adapter satisfies by defining their methods; the features
 that need one check for it with ``isinstance``: :class:`VisionEncoderAdapter` (encoder
-parallelism) and :class:`MoEAdapter` (expert parallelism, MoE statistics).
+parallelism), :class:`MoEAdapter` (expert parallelism, MoE statistics) and
+:class:`ContextParallelAdapter` (context parallelism of a VL model).
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
     from ..data.conversation import Conversation
     from ..export import CheckpointLayout
+    from ..parallel.load_plan import LoadPlan
 
 
 @attrs.frozen(kw_only=True)
@@ -54,6 +57,32 @@ class ParallelPlan:
     #: The MoE blocks whose routed experts ``[parallel] ep > 1`` shares out; the core's
     #: ``parallelize_model`` stage fills it from :meth:`MoEAdapter.moe_blocks`.
     moe_blocks: tuple[MoEBlock, ...] = ()
+    #: How the weights arrive (the run's ``plan_load`` result), set by the core's
+    #: ``parallelize_model`` stage for the strategy; None: they are in the model as built.
+    load: LoadPlan | None = None
+    #: With ``[parallel] cp > 1``: the adapter, when it is a :class:`ContextParallelAdapter`
+    #: (the core's ``parallelize_model`` stage sets it); None: only the token inputs are split
+    #: and the vision tower runs whole on every rank of a group.
+    context_parallel: ContextParallelAdapter | None = None
+
+    def match(self, model: torch.nn.Module) -> list[str]:
+        """The names of ``model``'s sharding units (:attr:`sharding_units` matched)."""
+        return match_modules(model, self.sharding_units)
+
+
+def match_modules(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
+    """Names of the submodules whose dotted path matches one of ``patterns`` (``*`` = a part)."""
+    names = []
+    for name, _ in model.named_modules():
+        parts = name.split(".")
+        for pattern in patterns:
+            pparts = pattern.split(".")
+            if len(pparts) == len(parts) and all(
+                fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pparts, strict=True)
+            ):
+                names.append(name)
+                break
+    return names
 
 
 @attrs.frozen(kw_only=True)
@@ -254,6 +283,42 @@ class ModelAdapter:
         from ..export import export_state_dict
 
         export_state_dict(self, state_dict, hf_config, out_dir, assets=assets)
+
+
+@runtime_checkable
+class ContextParallelAdapter(Protocol):
+    """Capability: what context parallelism (``[parallel] cp``) needs to know of a model beyond
+    its decoder's token inputs (``input_ids``/``inputs_embeds``, ``position_ids``), which the
+    core splits itself. The Qwen-VL and Kimi adapters implement it.
+    """
+
+    def split_decoder_kwargs(self, kwargs: Mapping[str, Any], split: TokenSplit) -> dict[str, Any]:
+        """The model's other per-token keyword arguments of the decoder's forward, cut to this
+        rank's tokens with ``split`` (``split.take``, ``split.marked_rows``); only those
+        returned replace ``kwargs``' (an empty dict when there are none)."""
+        ...
+
+    def vision_grid_keyword(self) -> str | None:
+        """The keyword argument of the vision tower's call that holds the ``(n, 3)`` grid of
+        ``t, h, w`` patches per image or video, the patches of entry ``i`` being the
+        ``t·h·w`` rows after entry ``i-1``'s: each rank of a group then encodes a share of the
+        entries (:mod:`hyper_core.parallel.cp_vision`). None: the tower runs whole."""
+        ...
+
+
+class TokenSplit(Protocol):
+    """How this rank of a context-parallel group keeps its share of a row's tokens (given to
+    :meth:`ContextParallelAdapter.split_decoder_kwargs`)."""
+
+    def take(self, x: torch.Tensor, dim: int, pad: Any) -> torch.Tensor:
+        """This rank's tokens of ``x`` along ``dim`` (the row padded with ``pad``)."""
+        ...
+
+    def marked_rows(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a ``(batch, length)`` boolean ``mask`` of tokens and tensors holding one row
+        per marked token (row-major order): this rank's share of ``mask`` and the indices of
+        the rows of its marked tokens, in their order."""
+        ...
 
 
 @runtime_checkable

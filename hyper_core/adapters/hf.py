@@ -7,7 +7,6 @@ shared here so that no two adapters write them again.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from .base import (
     ParallelPlan,
     VisionEncoderSpec,
     find_moe_blocks,
+    match_modules,
 )
 
 if TYPE_CHECKING:
@@ -80,21 +80,6 @@ def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
         else:
             out[key] = value
     return out
-
-
-def match_modules(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
-    """Names of the submodules whose dotted path matches one of ``patterns`` (``*`` = a part)."""
-    names = []
-    for name, _ in model.named_modules():
-        parts = name.split(".")
-        for pattern in patterns:
-            pparts = pattern.split(".")
-            if len(pparts) == len(parts) and all(
-                fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pparts, strict=True)
-            ):
-                names.append(name)
-                break
-    return names
 
 
 def has_submodule(model: torch.nn.Module, path: str) -> bool:

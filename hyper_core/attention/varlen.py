@@ -21,10 +21,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import VARLEN
 
-#: An attention module with this attribute (set by ``[parallel] cp``) holds this rank's share
-#: of a row's tokens: in training its object's ``attention`` runs this function over the
-#: whole row (:class:`hyper_core.parallel.context_parallel.ContextParallel`).
-CONTEXT_PARALLEL_ATTR = "hyper_context_parallel"
+#: The keyword argument with which ``[parallel] cp`` calls the attention function of a module
+#: that holds this rank's share of a row's tokens (a forward pre-hook of the module adds it in
+#: training): its object's ``attention`` runs this function over the whole row
+#: (:class:`hyper_core.parallel.context_parallel.ContextParallel`).
+CONTEXT_PARALLEL_KWARG = "hyper_context_parallel"
 
 # Boundaries as Python ints, per tensor (by identity, checked against its version): every layer
 # of one forward gets the same cu_seq_lens/position_ids tensor, so the device→host copy (a sync
@@ -205,8 +206,9 @@ AttentionFn = Callable[..., tuple[torch.Tensor, Any]]
 
 
 def context_parallel_aware(fn: AttentionFn) -> AttentionFn:
-    """``fn`` that, for an attention module holding this rank's share of a row (``[parallel]
-    cp``, training), runs over the whole row through the group's Ulysses exchange
+    """``fn`` that, called with :data:`CONTEXT_PARALLEL_KWARG` (an attention module holding
+    this rank's share of a row: ``[parallel] cp``, training), runs over the whole row through
+    the group's Ulysses exchange
     (:meth:`hyper_core.parallel.context_parallel.ContextParallel.attention`)."""
 
     @functools.wraps(fn)
@@ -218,7 +220,7 @@ def context_parallel_aware(fn: AttentionFn) -> AttentionFn:
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, Any]:
-        cp = getattr(module, CONTEXT_PARALLEL_ATTR, None)
+        cp = kwargs.pop(CONTEXT_PARALLEL_KWARG, None)
         if cp is not None and module.training:
             return cp.attention(fn, module, query, key, value, attention_mask, **kwargs)
         return fn(module, query, key, value, attention_mask, **kwargs)

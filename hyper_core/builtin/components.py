@@ -32,8 +32,14 @@ def register_parallel_strategies(register: Any) -> None:
 def register_dataset_formats(register: Any) -> None:
     """``jsonl``, ``parquet`` and ``hf`` conversations, the synthetic ``shapes`` demo set and
     the video demo's ``moving_shapes`` clips."""
-    register("jsonl", "hyper_core.data.jsonl:load_jsonl_format")
-    register("parquet", "hyper_core.data.parquet:load_parquet_format")
-    register("hf", "hyper_core.data.parquet:load_hf_format")
-    register("shapes", "hyper_core.data.shapes:load_shapes_format")
-    register("moving_shapes", "hyper_core.data.moving_shapes:load_moving_shapes_format")
+    data = "hyper_core.data"
+    register("jsonl", f"{data}.jsonl:load_jsonl_format", options=f"{data}.jsonl:JsonlOptions")
+    parquet_options = f"{data}.parquet:ParquetOptions"
+    register("parquet", f"{data}.parquet:load_parquet_format", options=parquet_options)
+    register("hf", f"{data}.parquet:load_hf_format", options=parquet_options)
+    register("shapes", f"{data}.shapes:load_shapes_format", options=f"{data}.shapes:ShapesOptions")
+    register(
+        "moving_shapes",
+        f"{data}.moving_shapes:load_moving_shapes_format",
+        options=f"{data}.moving_shapes:MovingShapesOptions",
+    )

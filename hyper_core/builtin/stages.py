@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 
@@ -27,13 +29,21 @@ def setup_distributed(config: Any) -> Any:
 
 
 @default
-def build_model(config: Any, adapter: Any, dist: Any) -> Any:
+def plan_load(config: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
+    """:meth:`LoadPlan.for_run <hyper_core.parallel.load_plan.LoadPlan.for_run>`."""
+    from ..parallel.load_plan import LoadPlan
+
+    return LoadPlan.for_run(dist, strategy, adapter, config.model)
+
+
+@default
+def build_model(config: Any, adapter: Any, dist: Any, load: Any) -> Any:
     """The adapter's model with ``[model] freeze`` applied: on this rank's device, or with
-    ``dist.meta_init`` in full on rank 0's CPU and on meta elsewhere (the strategy
+    ``load.meta_init`` in full on rank 0's CPU and on meta elsewhere (the strategy
     materialises it; see :mod:`hyper_core.parallel.materialize`)."""
     from ..parallel.materialize import build_model_on_rank
 
-    model = build_model_on_rank(adapter, config.model, dist)
+    model = build_model_on_rank(adapter, config.model, dist, load)
     freeze(model, adapter, config.model.freeze)
     return model
 
@@ -61,11 +71,18 @@ def freeze(model: Any, adapter: Any, groups: list[str]) -> None:
 
 
 @default
-def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy: Any) -> Any:
+def parallelize_model(
+    config: Any, model: Any, adapter: Any, dist: Any, strategy: Any, load: Any
+) -> Any:
     """liger-kernel's fused kernels (``[training] liger_kernel``), activation checkpointing
-    and ``[training] compile`` per sharding unit, then the strategy; with ``dist.sharded_load``
-    each rank then reads its shards of ``[model] path``."""
-    plan = adapter.parallel_plan(model)
+    and ``[training] compile`` per sharding unit, then the strategy (told ``load`` in its
+    plan); with ``load.sharded_load`` each rank then reads its shards of ``[model] path`` and
+    the strategy hears of it (``weights_loaded``)."""
+    from ..adapters.base import ContextParallelAdapter
+
+    plan = attrs.evolve(adapter.parallel_plan(model), load=load)
+    if config.parallel.cp > 1 and isinstance(adapter, ContextParallelAdapter):
+        plan = attrs.evolve(plan, context_parallel=adapter)
     if config.parallel.ep > 1:
         from ..parallel.expert_parallel import expert_parallel_plan
 
@@ -89,14 +106,16 @@ def parallelize_model(config: Any, model: Any, adapter: Any, dist: Any, strategy
         from ..parallel.compile import apply_regional_compile
 
         apply_regional_compile(model, plan)
-    if not dist.sharded_load:
+    if not load.sharded_load:
         return strategy.apply(model, plan, dist)
     from ..parallel.hf_load import load_hf_shards
 
     adapter.check_weights(config.model)  # no safetensors, quantized: before any rank reads
     conversions = adapter.checkpoint_conversions(model)  # before sharding renames classes
     model = strategy.apply(model, plan, dist)
-    load_hf_shards(strategy.unwrap(model), Path(config.model.path), dist, conversions)
+    path = Path(config.model.path)
+    load_hf_shards(strategy.unwrap(model), path, dist, conversions, view=load.checkpoint_view)
+    strategy.weights_loaded(model)
     return model
 
 
@@ -149,19 +168,19 @@ def _load_file(
     source: Any, path: str | None, config: Any, registries: Any, where: str, base_dir: Path
 ) -> Sequence[dict[str, Any]]:
     """The raw samples of one file of a source; with ``image_dir`` (or ``[data] image_root``)
-    each sample's ``_image_dir`` says where its relative image paths resolve. A format that
-    declares an ``options`` class gets its options as an instance of it."""
-    from ..config.loader import format_options
+    each sample's ``_image_dir`` says where its relative image paths resolve. A format
+    registered with an ``options`` class gets its options as an instance of it."""
+    from ..config.fields import format_options
     from ..data.jsonl import IMAGE_DIR_KEY, WithImageDir
-    from .resolve import named
+    from ..resolve import dataset_format
 
-    fmt = named(f"{where}.format", registries.dataset_formats, source.format)
+    fmt, options_class = dataset_format(f"{where}.format", registries, source.format)
     image_dir = None
     if source.image_dir is not None:
         image_dir = _image_dir(source.image_dir, base_dir, f"{where}.image_dir")
     elif config.data.image_root is not None:
         image_dir = _image_dir(config.data.image_root, base_dir, "$.data.image_root")
-    options = format_options(fmt, source.options, where)
+    options = format_options(options_class, source.options, where)
     samples = fmt(path, options, base_dir)
     if not isinstance(samples, Sequence):
         samples = list(samples)

@@ -193,13 +193,15 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
     from ..config import load_config
     from ..config.adapter_options import check_adapter_options
     from ..config.world import check_world
+    from ..resolve import strategy_class
 
     host = plugin_host(args)
     config = load_config(args.config, args.overrides, host.registries.config_sections)
     check_required_plugins(host, config.run.plugins)
     check_adapter_options(config, host.registries, source=str(args.config))
     nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
-    check_world(config, nproc, nnodes, source=str(args.config))
+    strategy = strategy_class(config, host.registries)
+    check_world(config, nproc, nnodes, source=str(args.config), strategy=strategy)
     return config, host
 
 
@@ -425,7 +427,7 @@ EXIT_STOPPED = -1
 
 def _run_here(args: argparse.Namespace) -> int:
     config, host = load_run_config(args)
-    from ..builtin.resolve import named, resolve_adapter, resolve_strategy
+    from ..resolve import named, resolve_adapter, resolve_strategy
 
     if args.dry_run:
         adapter = resolve_adapter(config.model, host.registries)
@@ -499,7 +501,7 @@ def _with_resolved_adapter(config: Any, host: Any) -> Any:
     resolve it (left unset when the directory is not here to read)."""
     import attrs
 
-    from ..builtin.resolve import resolve_adapter
+    from ..resolve import resolve_adapter
 
     if config.model.adapter is not None:
         return config
@@ -516,7 +518,7 @@ def _with_resolved_adapter(config: Any, host: Any) -> Any:
 def cmd_data(args: argparse.Namespace) -> int:
     """``hyper-train data stats CONFIG [--samples N] [--json]``."""
     from ..config.world import NodeRange
-    from ..data.stats import data_stats
+    from ..trainer.data_stats import data_stats
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples: expected at least 1, got {args.samples}")

@@ -19,7 +19,7 @@ def check_adapter_options(
     :attr:`ModelAdapter.options <hyper_core.adapters.base.ModelAdapter.options>`. An adapter
     that cannot be resolved here (unknown, or its model directory absent) is left to the run,
     which names the problem."""
-    from ..builtin.resolve import resolve_adapter
+    from ..resolve import resolve_adapter
 
     try:
         adapter = resolve_adapter(config.model, registries)

@@ -21,10 +21,11 @@ from hyper_core.config.converter import (
     toml_fields,
     unknown_key_message,
 )
+from hyper_core.config.fields import format_options
 from hyper_core.config.schema import CORE_SECTIONS, Config, DataSource, SectionSpec
 from hyper_core.errors import ConfigError, PluginError
 from hyper_core.known_plugins import known_distributions
-from hyper_core.registry import Registry
+from hyper_core.registry import Registries, Registry, SectionTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,8 +45,16 @@ def load_config(
     path: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     sections: Mapping[str, SectionSpec] | None = None,
+    *,
+    registries: Registries | None = None,
 ) -> Config:
     """Read the TOML file at ``path``, apply ``--key.path=value`` overrides, and validate.
+
+    ``registries`` (a plugin host's, ``host.registries``) give the plugin config sections and
+    the dataset formats whose declared options classes check ``[data] train``/``eval``;
+    ``sections`` alone is the older form (a host's ``registries.config_sections`` carries its
+    formats too). Without either, plugin sections are unknown keys and format options are
+    left to the run, which checks them when it reads the data.
 
     Raises :class:`ConfigError` (every problem, with its ``$.path``) for a missing or unreadable
     file, a TOML syntax error (with its line), a bad override or an invalid config.
@@ -54,7 +63,7 @@ def load_config(
     parsed_overrides = parse_overrides(overrides)
     raw = read_toml(source)
     raw = apply_overrides(raw, parsed_overrides)
-    return _build(raw, source, os.path.abspath(source), sections)
+    return _build(raw, source, os.path.abspath(source), _Known.of(sections, registries))
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -160,25 +169,47 @@ def load_config_dict(
     data: Mapping[str, Any],
     source: str | None = None,
     sections: Mapping[str, SectionSpec] | None = None,
+    *,
+    registries: Registries | None = None,
 ) -> Config:
     """Validate an already-parsed config (``source``: the file it came from, if any).
 
-    ``sections`` are the plugin sections registered through ``register_config_sections``,
-    by top-level name. Raises :class:`ConfigError` with every problem found.
+    ``registries`` and ``sections`` as for :func:`load_config`. Raises :class:`ConfigError`
+    with every problem found.
     """
-    return _build(data, source, source, sections)
+    return _build(data, source, source, _Known.of(sections, registries))
+
+
+@attrs.frozen
+class _Known:
+    """What validating a config needs from the plugins: their sections by name, the installed
+    distributions whose plugins were not loaded (-> why, so a section of one is not answered
+    with "pip install"), and the dataset formats."""
+
+    sections: Mapping[str, SectionSpec]
+    unavailable: Mapping[str, str]
+    formats: Registry[Any] | None
+
+    @classmethod
+    def of(
+        cls, sections: Mapping[str, SectionSpec] | None, registries: Registries | None
+    ) -> _Known:
+        if registries is not None:
+            if sections is not None:
+                raise TypeError("pass registries or sections, not both")
+            sections = registries.config_sections
+        if isinstance(sections, SectionTable):
+            return cls(dict(sections), sections.unavailable, sections.dataset_formats)
+        return cls(dict(sections or {}), {}, None)
 
 
 def _build(
     data: Mapping[str, Any],
     source: str | None,
     source_path: str | None,
-    sections: Mapping[str, SectionSpec] | None,
+    plugins: _Known,
 ) -> Config:
-    # A registry of sections knows which installed plugins were filtered out (not pip-able).
-    unavailable: Mapping[str, str] = getattr(sections, "unavailable", {})
-    formats: Registry[Any] | None = getattr(sections, "dataset_formats", None)
-    sections = dict(sections or {})
+    sections, unavailable, formats = plugins.sections, plugins.unavailable, plugins.formats
     known = known_distributions("sections")
     _check_specs(sections)
     if not isinstance(data, Mapping):
@@ -225,28 +256,17 @@ def _collect(problems: list[tuple[str, str]], structure: Callable[[], T]) -> T |
         return None
 
 
-def format_options(fmt: Any, options: Mapping[str, Any], where: str) -> Any:
-    """A data source's options as its format takes them: an instance of the format's ``options``
-    attrs class (validated like the config, :class:`ConfigError` naming ``WHERE.KEY``), or the
-    dict itself for a format that declares none."""
-    cls = getattr(fmt, "options", None)
-    if cls is None:
-        return dict(options)
-    return converter.structure_at(dict(options), cls, where)
-
-
 def _check_format_options(
     problems: list[tuple[str, str]], data: Any, formats: Registry[Any] | None
 ) -> None:
     """Validate the ``[data] train``/``eval`` options in ``data`` (the raw table) with their
     formats' declared classes, also when other keys have problems (one pass reports all).
 
-    Without a registry (no plugin host), the core's own formats are checked; a format no
-    registry knows is left to the run, which names it.
+    Without the formats registry nothing is checked here; a format it does not know is left to
+    the run, which names it.
     """
-    if not isinstance(data, Mapping):
+    if not isinstance(data, Mapping) or formats is None:
         return
-    formats = formats if formats is not None else _core_formats()
     for key in ("train", "eval"):
         raw = data.get(key)
         items = raw if isinstance(raw, list) else [] if raw is None else [raw]
@@ -259,20 +279,12 @@ def _check_format_options(
             if source.format not in formats:
                 continue
             try:
-                fmt = formats.get(source.format)
+                options_class = formats.entry(source.format).options_class()
             except (ImportError, AttributeError, PluginError):
-                continue  # a format that does not import is reported by the run, which needs it
-            _collect(problems, functools.partial(format_options, fmt, source.options, where))
-
-
-def _core_formats() -> Registry[Any]:
-    from hyper_core.builtin import components
-
-    formats: Registry[Any] = Registry("dataset format")
-    components.register_dataset_formats(
-        lambda name, ref, **kw: formats.register(name, ref, plugin="core", **kw)
-    )
-    return formats
+                continue  # options that do not import are reported by the run, which needs them
+            _collect(
+                problems, functools.partial(format_options, options_class, source.options, where)
+            )
 
 
 def _check_specs(sections: Mapping[str, SectionSpec]) -> None:

@@ -8,7 +8,6 @@ section's path.
 """
 
 import json
-import math
 import pathlib
 import typing
 from typing import Any, Literal
@@ -16,41 +15,16 @@ from typing import Any, Literal
 import attrs
 
 from hyper_core.config.converter import Invalid, converter, describe, show
+
+# The field helpers are importable from here too (plugins written before config.fields).
+from hyper_core.config.fields import at_least, between, greater_than, meta, not_empty
 from hyper_core.errors import ConfigError
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 CheckpointPolicy = Literal["none", "full", "every_n", "selective"]
-Validator = Any
 
 CORE_SECTIONS = ("run", "model", "data", "training", "parallel", "checkpoint", "logging")
 """The core top-level sections, in the order they are dumped."""
-
-
-def meta(doc: str, *, key: str | None = None, toml: bool = True) -> dict[str, Any]:
-    """Field metadata: ``help`` text, the TOML ``key`` if it differs, ``toml=False`` if not read."""
-    metadata: dict[str, Any] = {"help": doc}
-    if key is not None:
-        metadata["key"] = key
-    if not toml:
-        metadata["toml"] = False
-    return metadata
-
-
-def _check_finite(value: Any) -> None:
-    # nan fails every comparison, but inf passes ``>= bound``: both are rejected by name.
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {show(value)}")
-
-
-def at_least(bound: float) -> Validator:
-    """Validator: the value (when not None) is finite and ``>= bound``."""
-
-    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
-        _check_finite(value)
-        if value is not None and not value >= bound:
-            raise ValueError(f"must be >= {show(bound)}, got {show(value)}")
-
-    return check
 
 
 def _check_step_window(value: list[int] | None) -> None:
@@ -59,34 +33,6 @@ def _check_step_window(value: list[int] | None) -> None:
         return
     if len(value) != 2 or not 1 <= value[0] <= value[1]:
         raise ValueError(f"must be [first, last] with 1 <= first <= last, got {show(value)}")
-
-
-def greater_than(bound: float) -> Validator:
-    """Validator: the value (when not None) is finite and ``> bound``."""
-
-    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
-        _check_finite(value)
-        if value is not None and not value > bound:
-            raise ValueError(f"must be > {show(bound)}, got {show(value)}")
-
-    return check
-
-
-def between(low: float, high: float) -> Validator:
-    """Validator: ``low <= value <= high`` (a finite value)."""
-
-    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
-        _check_finite(value)
-        if value is not None and not low <= value <= high:
-            raise ValueError(f"must be between {show(low)} and {show(high)}, got {show(value)}")
-
-    return check
-
-
-def not_empty(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
-    """Validator: a string is not empty."""
-    if value is not None and not value.strip():
-        raise ValueError("must not be empty")
 
 
 def _check_betas(_inst: Any, _attr: attrs.Attribute, value: list[float]) -> None:

@@ -9,11 +9,15 @@ into micro-batches.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from hyper_core.config.schema import Config
 from hyper_core.errors import ConfigError, UserError
-from hyper_core.parallel.context_parallel import context_parallel_problem
+
+if TYPE_CHECKING:
+    from hyper_core.parallel.base import ParallelStrategy
 
 
 @attrs.frozen
@@ -38,15 +42,44 @@ class NodeRange:
         return nodes
 
 
+def context_parallel_problem(
+    config: Config, strategy: type[ParallelStrategy] | ParallelStrategy | None
+) -> tuple[str, str] | None:
+    """What makes ``[parallel] cp`` unusable with ``config``, as ``($.path, message)``; None
+    when ``cp`` is 1 or can run (the world size and the heads are checked elsewhere).
+    ``strategy`` is the resolved ``[parallel] strategy``, asked whether it splits rows
+    (:attr:`ParallelStrategy.context_parallel`); None leaves that to a later check."""
+    par = config.parallel
+    cp = par.cp
+    if cp == 1:
+        return None
+    if strategy is not None and not strategy.context_parallel:
+        return (
+            "$.parallel.cp",
+            f"{cp}: strategy {par.strategy!r} has no context parallelism; use fsdp2",
+        )
+    attn = config.model.attn_implementation
+    if attn not in ("varlen", "flash_varlen"):
+        return (
+            "$.parallel.cp",
+            f'{cp} needs [model] attn_implementation = "varlen" or "flash_varlen" (the '
+            f"attention it runs over the whole row), got {attn!r}",
+        )
+    return None
+
+
 def check_world(
     config: Config,
     nproc_per_node: int | None,
     nnodes: str | int | None = None,
     *,
     source: str | None = None,
+    strategy: type[ParallelStrategy] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` (with values that work) unless ``config`` can run on
-    ``nproc_per_node`` processes on each of ``nnodes`` nodes; ``source`` names the config.
+    ``nproc_per_node`` processes on each of ``nnodes`` nodes; ``source`` names the config and
+    ``strategy`` is the class ``[parallel] strategy`` names (see
+    :func:`context_parallel_problem`).
 
     With ``MIN:MAX`` nodes every world size in the range is checked, as any of them may start.
     """
@@ -79,18 +112,20 @@ def check_world(
             launch = f"{n} nodes of --nnodes {nnodes} × {launch}"
         elif n > 1:
             launch = f"--nnodes {n} × {launch}"
-        problem = _problem(config, world)
+        problem = _problem(config, world, strategy)
         if problem is not None:
             path, message = problem
             raise ConfigError([(path, f"with {world} ranks ({launch}): {message}")], source)
 
 
-def _problem(config: Config, world: int) -> tuple[str, str] | None:
+def _problem(
+    config: Config, world: int, strategy: type[ParallelStrategy] | None
+) -> tuple[str, str] | None:
     """The first thing ``config`` gets wrong at this world size, as ``($.path, message)``."""
     par = config.parallel
     if par.strategy == "none":
         return ("$.parallel.strategy", "'none' runs one process; use 'ddp' or 'fsdp2'")
-    cp_problem = context_parallel_problem(config)
+    cp_problem = context_parallel_problem(config, strategy)
     if cp_problem is not None:
         return cp_problem
     if world % (par.dp_replicate * par.cp):

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 import attrs
 
-from ..config.schema import at_least, meta
+from ..config.fields import at_least, meta
 from ..errors import ConfigError, DataError
 
 RawSample = dict[str, Any]
@@ -181,7 +181,7 @@ class JsonlOptions:
 
 def load_jsonl_format(
     path: str | None,
-    options: JsonlOptions | Mapping[str, Any] | None = None,
+    options: JsonlOptions | None = None,
     base_dir: str | Path | None = None,
     *,
     where: str = "$.data.train",
@@ -190,13 +190,10 @@ def load_jsonl_format(
 
     JSON lines are read lazily (:class:`~hyper_core.data.jsonl_index.JsonlFile`, indexed once);
     a ``.json`` file is read whole, as JSON lines or a JSON array. ``options`` are
-    :class:`JsonlOptions` (a dict is validated into them). ``where`` is the config path used in
-    error messages.
+    :class:`JsonlOptions` (None: the defaults). ``where`` is the config path used in error
+    messages.
     """
-    from ..config.loader import format_options
-
-    if not isinstance(options, JsonlOptions):
-        options = format_options(load_jsonl_format, options or {}, where)
+    options = options or JsonlOptions()
     if not path:
         raise ConfigError([(f"{where}.path", "format 'jsonl' needs a path")])
     resolved = Path(path)
@@ -211,9 +208,6 @@ def load_jsonl_format(
         samples = JsonlFile(resolved, max_line_bytes=options.max_line_bytes)
     limit = options.max_samples
     return samples[:limit] if limit is not None else samples
-
-
-load_jsonl_format.options = JsonlOptions  # type: ignore[attr-defined]
 
 
 class WithImageDir(Sequence[RawSample]):

@@ -79,7 +79,7 @@ def scan_lines(path: Path, *, chunk_bytes: int = SCAN_CHUNK_BYTES) -> np.ndarray
 
 
 def _cache_dir() -> Path:
-    from .shapes import cache_root
+    from .cache import cache_root
 
     return cache_root() / "jsonl_index"
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ..config.schema import at_least, between, meta
+from ..config.fields import at_least, between, meta
+from .cache import cache_root
 from .jsonl import RawSample
 from .shapes import (
     COLOURS,
@@ -35,7 +35,6 @@ from .shapes import (
     JITTER,
     SHAPES,
     _check_split,
-    cache_root,
     cached_data_set,
     draw_shape,
     load_generated,
@@ -182,16 +181,9 @@ class MovingShapesOptions:
 
 def load_moving_shapes_format(
     path: str | None,
-    options: MovingShapesOptions | Mapping[str, Any] | None = None,
+    options: MovingShapesOptions | None = None,
     base_dir: str | Path | None = None,
-    *,
-    where: str | None = None,
 ) -> list[RawSample]:
     """The ``moving_shapes`` dataset format; ``path``, when given, is the cache folder to use
     instead of the default (relative to ``base_dir``)."""
-    return load_generated(
-        load_moving_shapes_format, ensure_moving_shapes, path, options, base_dir, where
-    )
-
-
-load_moving_shapes_format.options = MovingShapesOptions  # type: ignore[attr-defined]
+    return load_generated(ensure_moving_shapes, path, options or MovingShapesOptions(), base_dir)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from ..config.schema import at_least, meta
+from ..config.fields import at_least, meta
 from ..errors import ConfigError, DataError, UserError
 from .file_rows import FileRows, file_key
 from .jsonl import SOURCE_KEY, RawSample
@@ -127,23 +127,20 @@ def _limited(samples: Sequence[RawSample], options: ParquetOptions) -> Sequence[
 
 def load_parquet_format(
     path: str | None,
-    options: ParquetOptions | Mapping[str, Any] | None = None,
+    options: ParquetOptions | None = None,
     base_dir: str | Path | None = None,
 ) -> Sequence[RawSample]:
     """The ``parquet`` format: one Parquet file (a glob is expanded before, into one source per
     file), rows read lazily."""
     import_pyarrow()
-    if not isinstance(options, ParquetOptions):
-        options = ParquetOptions(**(options or {}))
-    return _limited(ArrowRows(_resolve(path, base_dir, "parquet"), "parquet"), options)
-
-
-load_parquet_format.options = ParquetOptions  # type: ignore[attr-defined]
+    return _limited(
+        ArrowRows(_resolve(path, base_dir, "parquet"), "parquet"), options or ParquetOptions()
+    )
 
 
 def load_hf_format(
     path: str | None,
-    options: ParquetOptions | Mapping[str, Any] | None = None,
+    options: ParquetOptions | None = None,
     base_dir: str | Path | None = None,
 ) -> Sequence[RawSample]:
     """The ``hf`` format: a directory written by ``datasets.save_to_disk`` (its
@@ -151,8 +148,6 @@ def load_hf_format(
     from .sources import Concat
 
     import_pyarrow()
-    if not isinstance(options, ParquetOptions):
-        options = ParquetOptions(**(options or {}))
     directory = _resolve(path, base_dir, "hf")
     state_file = directory / "state.json"
     if not state_file.is_file():
@@ -162,7 +157,4 @@ def load_hf_format(
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{state_file}: no list of data files ({exc!r})") from None
     parts = [ArrowRows(directory / name, "arrow") for name in files]
-    return _limited(parts[0] if len(parts) == 1 else Concat(parts), options)
-
-
-load_hf_format.options = ParquetOptions  # type: ignore[attr-defined]
+    return _limited(parts[0] if len(parts) == 1 else Concat(parts), options or ParquetOptions())

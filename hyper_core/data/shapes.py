@@ -26,13 +26,14 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ..config.schema import at_least, between, meta
+from ..config.fields import at_least, between, meta
+from .cache import cache_root
 from .jsonl import RawSample, read_jsonl
 
 FORMAT_VERSION = 1
@@ -150,11 +151,6 @@ def generate_shapes(
 # ------------------------------------------------------------------------------------------
 # cache
 # ------------------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """``$HYPER_TRAIN_CACHE`` or ``~/.cache/hyper-train``."""
-    return Path(os.environ.get("HYPER_TRAIN_CACHE") or "~/.cache/hyper-train").expanduser()
 
 
 def shapes_dir_name(
@@ -312,44 +308,25 @@ class ShapesOptions:
 
 def load_shapes_format(
     path: str | None,
-    options: ShapesOptions | Mapping[str, Any] | None = None,
+    options: ShapesOptions | None = None,
     base_dir: str | Path | None = None,
-    *,
-    where: str | None = None,
 ) -> list[RawSample]:
     """The ``shapes`` dataset format: ``{ format = "shapes", num_samples = 2000, split = ... }``.
 
-    ``options`` are :class:`ShapesOptions` (a dict is validated into them). ``path``, when
-    given, is the cache folder to use instead of the default (relative to ``base_dir``).
-    ``where`` is the config path for error messages (default ``$.data.<split>``).
+    ``options`` are :class:`ShapesOptions` (None: the defaults). ``path``, when given, is the
+    cache folder to use instead of the default (relative to ``base_dir``).
     """
-    return load_generated(load_shapes_format, ensure_shapes, path, options, base_dir, where)
+    return load_generated(ensure_shapes, path, options or ShapesOptions(), base_dir)
 
 
 def load_generated(
-    loader: Callable[..., list[RawSample]],
-    ensure: Callable[..., Path],
-    path: str | None,
-    options: Any,
-    base_dir: str | Path | None,
-    where: str | None,
+    ensure: Callable[..., Path], path: str | None, options: Any, base_dir: str | Path | None
 ) -> list[RawSample]:
-    """A generated format's samples: ``options`` validated into ``loader.options`` (a dict's
-    errors at ``where``, default ``$.data.<split>``), the data set made by ``ensure`` (in the
-    cache, or the folder ``path`` relative to ``base_dir``)."""
-    from ..config.loader import format_options
-
-    if not isinstance(options, loader.options):  # type: ignore[attr-defined]
-        options = dict(options or {})
-        split = options.get("split", "train")
-        where = where or f"$.data.{split if isinstance(split, str) else 'train'}"
-        options = format_options(loader, options, where)
+    """A generated format's samples: the data set of ``options.generator_args()`` made by
+    ``ensure`` (in the cache, or the folder ``path`` relative to ``base_dir``)."""
     root: Path | None = None
     if path:
         root = Path(path)
         if not root.is_absolute() and base_dir is not None:
             root = Path(base_dir) / root
     return read_jsonl(ensure(root=root, **options.generator_args()))
-
-
-load_shapes_format.options = ShapesOptions  # type: ignore[attr-defined]

@@ -19,7 +19,6 @@ from ..batching.padded import round_up
 from ..batching.token_budget import (
     StepPlanner,
     assign_to_ranks,
-    check_token_budget,
     pack_by_tokens,
 )
 
@@ -493,44 +492,4 @@ def collect_stats(
         batching=batching,
         runtime=runtime,
         lengths=tuple(lengths),
-    )
-
-
-def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1) -> DataStats:
-    """The train data's stats through the plugin host's asset, transform and dataset stages,
-    without building the model."""
-    from ..builtin.resolve import resolve_adapter, resolve_runtime
-    from ..parallel.env import DistEnv
-
-    adapter = resolve_adapter(config.model, host.registries)
-    assets = host.call_stage("build_model_assets", config=config, adapter=adapter)
-    transform = host.call_stage(
-        "build_data_transform", config=config, adapter=adapter, assets=assets
-    )
-    datasets = host.call_stage(
-        "build_dataset",
-        config=config,
-        transform=transform,
-        dist=DistEnv(),
-        registries=host.registries,
-    )
-    runtime = resolve_runtime(config, adapter, assets, host.registries)
-    check_token_budget(runtime.name, config.data.max_tokens_per_micro_batch)
-    t = config.training
-    batching = Batching(
-        global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size,
-        world_size=world_size,
-        pad_to_multiple_of=runtime.options.pad_to_multiple_of,
-        max_tokens=config.data.max_tokens_per_micro_batch,
-        buffer_steps=config.data.buffer_size,
-    )
-    processor = getattr(assets, "processor", None)
-    return collect_stats(
-        datasets.train,
-        limit=limit,
-        batching=batching,
-        runtime=runtime.name,
-        image_token_id=getattr(processor, "image_token_id", None),
-        video_token_id=getattr(processor, "video_token_id", None),
     )

@@ -23,9 +23,10 @@ class ParallelStrategy:
     on every rank from rank 0 (see :mod:`hyper_core.parallel.materialize`).
 
     With :attr:`loads_shards` and weights from ``[model] path``, every rank builds on meta
-    (``dist.sharded_load``): :meth:`apply` then only shards and allocates the model, and the
-    ``parallelize_model`` stage fills each rank's shards from the checkpoint files
-    (:mod:`hyper_core.parallel.hf_load`); no process holds the full model.
+    (``plan.load.sharded_load``, :class:`~hyper_core.parallel.load_plan.LoadPlan`): :meth:`apply`
+    then only shards and allocates the model, the ``parallelize_model`` stage fills each rank's
+    shards from the checkpoint files (:mod:`hyper_core.parallel.hf_load`) and then calls
+    :meth:`weights_loaded`; no process holds the full model.
 
     Gradient scale: the trainer's loss is this rank's token-loss sum over the *global* number
     of loss tokens, and it multiplies it by the world size before ``backward``, so a strategy
@@ -41,6 +42,9 @@ class ParallelStrategy:
     #: Whether :meth:`apply` shares out ``plan.moe_blocks`` over ``dist.ep`` ranks
     #: (``[parallel] ep``; :mod:`hyper_core.parallel.expert_parallel`).
     expert_parallel: ClassVar[bool] = False
+    #: Whether :meth:`apply` installs context parallelism (``[parallel] cp``;
+    #: :mod:`hyper_core.parallel.context_parallel`), splitting each row over ``dist.cp`` ranks.
+    context_parallel: ClassVar[bool] = False
 
     def __init__(self, parallel_config: Any, training_config: Any) -> None:
         self.parallel = parallel_config
@@ -49,6 +53,10 @@ class ParallelStrategy:
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
         """Return the parallelised model."""
         raise NotImplementedError
+
+    def weights_loaded(self, model: torch.nn.Module) -> None:
+        """Called with :meth:`apply`'s result once a sharded load has filled it (parameters a
+        plugin's checkpoint view hid may still be on meta)."""
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The underlying module (for state dicts, export and FLOPs)."""

@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ..adapters.hf import match_modules
-
 if TYPE_CHECKING:
     import torch
 
@@ -197,7 +195,7 @@ def _checkpoint_forward(module: torch.nn.Module, policy: Policy) -> None:
 def split_units(model: torch.nn.Module, plan: ParallelPlan) -> tuple[list[str], list[str]]:
     """The plan's sharding units as ``(decoder, vision)``: vision ones lie in the plan's
     vision encoder."""
-    names = match_modules(model, plan.sharding_units)
+    names = plan.match(model)
     prefix = plan.vision_encoder.module + "." if plan.vision_encoder is not None else None
     vision = [n for n in names if prefix is not None and n.startswith(prefix)]
     return [n for n in names if n not in vision], vision

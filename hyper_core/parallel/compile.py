@@ -13,8 +13,6 @@ from typing import Any
 
 import attrs
 
-from ..adapters.hf import match_modules
-
 
 def apply_regional_compile(model: Any, plan: Any) -> list[str]:
     """Compile every sharding unit of ``plan`` in place; returns their names."""
@@ -25,7 +23,7 @@ def apply_regional_compile(model: Any, plan: Any) -> list[str]:
     # (`step.label_rows`) vary by forward, and static sizes would compile it again for each
     # row length and label count. Process-wide, like the matmul precision.
     torch._dynamo.config.force_nn_module_property_static_shapes = False
-    names = match_modules(model, plan.sharding_units)
+    names = plan.match(model)
     for name in names:
         model.get_submodule(name).compile(dynamic=True)
     return names

@@ -11,12 +11,13 @@ hold only padding.
 Everything before the decoder runs on the whole row on every rank of the group: the
 embeddings, the merge of the vision tower's output into ``inputs_embeds`` (the tower itself
 runs on a share of the images on each rank, its outputs all-gathered:
-:mod:`~hyper_core.parallel.cp_vision`), and the positions, Qwen-VL's mRoPE included (the
-packed runtime computes them per sample on the host). A forward pre-hook on the decoder
+:mod:`~hyper_core.parallel.cp_vision`), and the positions, multimodal (3-D) ones included
+(the packed runtime computes them per sample on the host). A forward pre-hook on the decoder
 (``get_decoder()``) then keeps this rank's tokens of ``input_ids``/``inputs_embeds`` and
-``position_ids`` (so every token keeps its position), of Qwen3-VL's deepstack inputs
-(``visual_pos_masks`` and the rows of ``deepstack_visual_embeds`` of its visual tokens), and
-gives the layers the whole padded row's sample boundaries (``cu_seq_lens_*``).
+``position_ids`` (so every token keeps its position) and of the model's other per-token
+inputs (the adapter's :meth:`ContextParallelAdapter.split_decoder_kwargs
+<hyper_core.adapters.ContextParallelAdapter.split_decoder_kwargs>`), and gives the layers
+the whole padded row's sample boundaries (``cu_seq_lens_*``).
 
 Expert parallelism composes: the MoE blocks are token-wise, so a rank's ep group exchanges
 the tokens it holds, whichever cp group the ranks are in (the ep groups are cut from the
@@ -53,30 +54,9 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from ..adapters.base import ContextParallelAdapter
     from ..batching.types import MicroBatch
     from .env import DistEnv
-
-
-def context_parallel_problem(config: Any) -> tuple[str, str] | None:
-    """What makes ``[parallel] cp`` unusable with ``config``, as ``($.path, message)``; None
-    when ``cp`` is 1 or can run (the world size and the heads are checked elsewhere)."""
-    par = config.parallel
-    cp = par.cp
-    if cp == 1:
-        return None
-    if par.strategy != "fsdp2":
-        return (
-            "$.parallel.cp",
-            f"{cp}: strategy {par.strategy!r} has no context parallelism; use fsdp2",
-        )
-    attn = config.model.attn_implementation
-    if attn not in ("varlen", "flash_varlen"):
-        return (
-            "$.parallel.cp",
-            f'{cp} needs [model] attn_implementation = "varlen" or "flash_varlen" (the '
-            f"attention it runs over the whole row), got {attn!r}",
-        )
-    return None
 
 
 @attrs.frozen
@@ -122,6 +102,16 @@ class RowSplit:
             x = torch.cat([x, pad.to(device=x.device, dtype=x.dtype)], dim=dim)
         return x.index_select(dim, self.local_index(length, x.device))
 
+    def marked_rows(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of a ``(batch, length)`` boolean token ``mask``, and the indices
+        (into tensors with one row per marked token, in row-major order) of the rows of its
+        marked tokens, in the same order (the local positions keep the row's order)."""
+        import torch
+
+        ordinal = torch.cumsum(mask.reshape(-1).long(), 0).reshape(mask.shape) - 1
+        local_mask = self.take(mask, 1, False)
+        return local_mask, self.take(ordinal, 1, -1)[local_mask]
+
     def padded_bounds(self, bounds: list[int], batch: int, length: int) -> list[int]:
         """Sample boundaries over ``batch`` padded rows from those over ``batch·length``
         tokens; each row's padding is a sample of its own."""
@@ -141,11 +131,27 @@ class ContextParallel:
 
     split: RowSplit
     group: Any  # the cp ProcessGroup
+    #: Splits the model's other per-token decoder inputs; None: there are none.
+    adapter: ContextParallelAdapter | None = None
 
     @property
     def cp(self) -> int:
         """The group's size."""
         return self.split.cp
+
+    def mark_attention_call(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """An attention module's forward pre-hook: in training, its attention function gets
+        this group (:data:`~hyper_core.attention.varlen.CONTEXT_PARALLEL_KWARG`), which the
+        module passes on with its other keyword arguments. A hook, not an attribute: the
+        state stays with the run's hooks, and an activation-checkpointing recompute calls the
+        module again, so the hook again."""
+        from ..attention.varlen import CONTEXT_PARALLEL_KWARG
+
+        if not module.training:
+            return None
+        return args, {**kwargs, CONTEXT_PARALLEL_KWARG: self}
 
     def split_decoder_inputs(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -179,30 +185,12 @@ class ContextParallel:
             extra = self.split.padded_length(length) - length
             pad = torch.arange(extra, device=positions.device).expand(*positions.shape[:-1], -1)
             out["position_ids"] = self.split.take(positions, -1, pad)
-        mask = kwargs.get("visual_pos_masks")
-        if mask is not None:
-            out.update(self._split_visual(mask, kwargs.get("deepstack_visual_embeds")))
+        if self.adapter is not None:
+            out.update(self.adapter.split_decoder_kwargs(kwargs, self.split))
         longest = max(b - a for a, b in pairwise(bounds))
         cu = torch.tensor(bounds, dtype=torch.int32, device=x.device)
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         return args, out
-
-    def _split_visual(
-        self, mask: torch.Tensor, embeds: list[torch.Tensor] | None
-    ) -> dict[str, Any]:
-        """Qwen3-VL's deepstack inputs for this rank's tokens: ``visual_pos_masks`` (B, L)
-        split like the tokens, and of each ``deepstack_visual_embeds`` tensor (one row per
-        visual token, in row-major order of the mask) the rows of this rank's visual tokens,
-        in the same order (the local positions keep the row's order)."""
-        import torch
-
-        ordinal = torch.cumsum(mask.reshape(-1).long(), 0).reshape(mask.shape) - 1
-        local_mask = self.split.take(mask, 1, False)
-        keep = self.split.take(ordinal, 1, -1)[local_mask]
-        out: dict[str, Any] = {"visual_pos_masks": local_mask}
-        if embeds is not None:
-            out["deepstack_visual_embeds"] = [e.index_select(0, keep) for e in embeds]
-        return out
 
     @staticmethod
     def _bounds(kwargs: dict[str, Any], batch: int, length: int) -> list[int]:
@@ -284,11 +272,12 @@ def split_micro_batch(micro_batch: MicroBatch, dist: DistEnv) -> MicroBatch:
     return attrs.evolve(micro_batch, loss_inputs={**micro_batch.loss_inputs, "labels": labels})
 
 
-def install_context_parallel(model: torch.nn.Module, dist: DistEnv) -> ContextParallel:
-    """Split ``model``'s decoder over ``dist``'s cp group (see the module doc); a
-    ``$.parallel.cp`` :class:`ConfigError` when its heads do not split evenly."""
-    from ..attention.varlen import CONTEXT_PARALLEL_ATTR
-
+def install_context_parallel(
+    model: torch.nn.Module, dist: DistEnv, adapter: ContextParallelAdapter | None = None
+) -> ContextParallel:
+    """Split ``model``'s decoder over ``dist``'s cp group (see the module doc), the model's
+    other per-token inputs by ``adapter``; a ``$.parallel.cp`` :class:`ConfigError` when its
+    heads do not split evenly."""
     cp = dist.cp
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None:
@@ -314,8 +303,8 @@ def install_context_parallel(model: torch.nn.Module, dist: DistEnv) -> ContextPa
         raise ConfigError(
             [("$.parallel.cp", f"{cp}: found no attention module in {type(decoder).__name__}")]
         )
-    state = ContextParallel(RowSplit(cp, dist.cp_rank), dist.cp_mesh.get_group())
+    state = ContextParallel(RowSplit(cp, dist.cp_rank), dist.cp_mesh.get_group(), adapter)
     for layer in layers:
-        setattr(layer, CONTEXT_PARALLEL_ATTR, state)
+        layer.register_forward_pre_hook(state.mark_attention_call, with_kwargs=True)
     decoder.register_forward_pre_hook(state.split_decoder_inputs, with_kwargs=True)
     return state

@@ -6,11 +6,12 @@ on all of the rows' images (replicated work and activations). The tower's forwar
 (training forwards only; evaluation stays whole):
 
 1. the images (videos: one entry per video) are cut into ``cp`` contiguous shares of about
-   equal patches, the same on every rank (from ``grid_thw``, one small host read);
+   equal patches, the same on every rank (from the call's grid of patches, one small host
+   read);
 2. each rank runs the tower on its share, or on a zero-pixel copy of the smallest image when
    its share is empty, so FSDP2's per-block all-gathers and reduce-scatters stay matched;
-3. each row-wise output (``pooler_output``, Qwen3-VL's ``deepstack_features``,
-   ``last_hidden_state``) is all-gathered in image order through
+3. each row-wise output (``pooler_output``, ``last_hidden_state``, a tuple of per-layer
+   features) is all-gathered in image order through
    :func:`~hyper_core.parallel.all_to_all.all_to_all`, whose backward returns to each rank
    the gradients of its rows from every rank, so the tower's weights get the sum of every
    rank's partial loss, as when each rank encoded everything. A dummy's output is added
@@ -18,9 +19,10 @@ on all of the rows' images (replicated work and activations). The tower's forwar
 
 The merge into ``inputs_embeds`` and the split of the decoder's tokens then proceed as
 before (:mod:`~hyper_core.parallel.context_parallel`). It applies to towers called as
-``tower(patches, grid_thw=(n, 3))`` with the patches of image ``i`` the ``t·h·w`` rows
-after image ``i-1``'s, as transformers' Qwen-VL family and the Kimi adapter's MoonViT do;
-a tower called otherwise runs whole on every rank.
+``tower(patches, KEY=(n, 3))``, ``KEY`` the adapter's
+:meth:`~hyper_core.adapters.ContextParallelAdapter.vision_grid_keyword`, with the patches of
+image ``i`` the ``t·h·w`` rows after image ``i-1``'s; a tower called otherwise runs whole on
+every rank.
 """
 
 from __future__ import annotations
@@ -64,11 +66,13 @@ class SplitTower:
     cp: int
     rank: int
     group: ProcessGroup
+    #: The keyword of the call's ``(n, 3)`` grid of patches per image or video.
+    grid_keyword: str
     #: Patches this rank encoded, over training forwards (dummies excluded): for tests and logs.
     patches_encoded: int = 0
 
     def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        grid = kwargs.get("grid_thw")
+        grid = kwargs.get(self.grid_keyword)
         if args or grid is None or not self.tower.training or not torch.is_grad_enabled():
             return self.original(hidden_states, *args, **kwargs)
         patches = [int(n) for n in grid.prod(-1).tolist()]
@@ -87,7 +91,7 @@ class SplitTower:
         else:
             mine = hidden_states[offsets[start] : offsets[stop]]
             self.patches_encoded += offsets[stop] - offsets[start]
-        out = self.original(mine, **{**kwargs, "grid_thw": grid[start:stop]})
+        out = self.original(mine, **{**kwargs, self.grid_keyword: grid[start:stop]})
         encoded = offsets[stop] - offsets[start]
         share_patches = [offsets[b] - offsets[a] for a, b in shares]
         for key, value in list(out.items()):
@@ -114,10 +118,14 @@ class SplitTower:
         return gathered
 
 
-def split_vision_tower(model: torch.nn.Module, module: str, dist: DistEnv) -> SplitTower:
-    """Wrap the forward of ``model``'s tower at ``module`` (a dotted path) for ``dist``'s cp
-    group; returns the wrapper (its ``patches_encoded`` counts this rank's work)."""
+def split_vision_tower(
+    model: torch.nn.Module, module: str, dist: DistEnv, grid_keyword: str
+) -> SplitTower:
+    """Wrap the forward of ``model``'s tower at ``module`` (a dotted path), called with its
+    grid of patches as ``grid_keyword``, for ``dist``'s cp group; returns the wrapper (its
+    ``patches_encoded`` counts this rank's work)."""
     tower = model.get_submodule(module)
-    split = SplitTower(tower, tower.forward, dist.cp, dist.cp_rank, dist.cp_mesh.get_group())
+    group = dist.cp_mesh.get_group()
+    split = SplitTower(tower, tower.forward, dist.cp, dist.cp_rank, group, grid_keyword)
     tower.forward = split
     return split

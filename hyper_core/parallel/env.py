@@ -39,13 +39,6 @@ class DistEnv:
     cp: int = 1
     #: With ``cp > 1``: the 1-D mesh of this rank's context-parallel group ("cp").
     cp_mesh: Any = None
-    #: Set by the trainer when the strategy materialises the model from rank 0: rank 0 builds
-    #: it in full on the CPU, the other ranks on the meta device (see ``parallel.materialize``).
-    meta_init: bool = False
-    #: Set by the trainer when weights come from ``[model] path`` and the strategy loads each
-    #: rank's slices itself (:attr:`ParallelStrategy.loads_shards`): every rank, rank 0 too,
-    #: builds on meta and reads only its shards (see ``parallel.hf_load``).
-    sharded_load: bool = False
 
     @property
     def is_main(self) -> bool:

@@ -21,7 +21,7 @@ import re
 import warnings
 from typing import TYPE_CHECKING
 
-from ..adapters.hf import match_modules, torch_dtype
+from ..adapters.hf import torch_dtype
 from .base import ParallelStrategy
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class FSDP2(ParallelStrategy):
     meta_init = True
     loads_shards = True
     expert_parallel = True
+    context_parallel = True
 
     def mixed_precision(self) -> object:
         """The ``MixedPrecisionPolicy`` of ``[parallel] param_dtype``/``reduce_dtype``; unset
@@ -77,9 +78,13 @@ class FSDP2(ParallelStrategy):
             mesh = single_process_mesh(dist.device)
         # A single process has its model built in full on its device: nothing to fill.
         # Weights from [model] path: every rank is on meta and reads its own shards after this.
-        source = None if dist.sharded_load or not dist.meta_init else take_rank0_source(model, dist)
+        load = plan.load
+        sharded_load = load is not None and load.sharded_load
+        # Rank 0 holds the weights the other ranks (on meta) are filled from.
+        from_rank0 = not sharded_load and (load.meta_init if load else dist.world_size > 1)
+        source = take_rank0_source(model, dist) if from_rank0 else None
         mp = self.mixed_precision()
-        units = match_modules(model, plan.sharding_units)
+        units = plan.match(model)
         if not units and dist.is_main:
             log.warning(
                 "fsdp2: no module matches the sharding units %s; the model is one FSDP unit",
@@ -92,21 +97,22 @@ class FSDP2(ParallelStrategy):
         if dist.cp > 1:
             from .context_parallel import install_context_parallel
 
-            install_context_parallel(model, dist)
-            if plan.vision_encoder is not None:
+            install_context_parallel(model, dist, plan.context_parallel)
+            grid = plan.context_parallel and plan.context_parallel.vision_grid_keyword()
+            if plan.vision_encoder is not None and grid:
                 from .cp_vision import split_vision_tower
 
-                split_vision_tower(model, plan.vision_encoder.module, dist)
+                split_vision_tower(model, plan.vision_encoder.module, dist, grid)
         # Innermost first: a unit nested in another must be sharded before its parent.
         for name in reversed(units):
             fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         ignore_root_view_warning(model)
-        if dist.sharded_load:
+        if sharded_load:
             # Parameters stay on meta: the load creates each rank's shards (FSDP2 adopts the
             # new parameters at its lazy init), so no second copy is ever allocated.
             materialize_buffers(model, dist.device)
-        elif dist.meta_init:
+        elif from_rank0:
             materialize(model, dist.device)
             load_from_rank0(model, source, dist)
         return model
@@ -123,7 +129,7 @@ def ignore_root_view_warning(model: torch.nn.Module) -> None:
     the pre-backward hook and so the all-gather of the root's parameters. It does not apply
     to the root: its outputs go only to the loss function, which reads them out of place
     (``causal_lm_loss``: ``logits.float()``); the views are outputs nothing reads, e.g.
-    Qwen2.5-VL's ``image_outputs.pooler_output`` (a ``torch.split`` of the image embeddings).
+    a VL model's ``image_outputs.pooler_output`` (a ``torch.split`` of the image embeddings).
     Sharding units inside the model keep the warning: there an in-place op by the parent
     module would be real.
     """

@@ -7,14 +7,14 @@ read with safetensors' slicing (``pread``, no memory map, so the pages read are 
 mapped), one at a time, and only the rows of the rank's shard. No process ever holds the full
 model, not even rank 0.
 
-Checkpoint names that differ from module names (Qwen-VL's ``model.language_model`` prefix,
+Checkpoint names that differ from module names (a VL model's ``model.language_model`` prefix,
 Kimi's per-expert ``experts.{e}.gate_proj`` keys fused into ``experts.gate_up_proj``, ...)
 go through transformers' own conversion mapping for the model class, the one
 ``from_pretrained`` applies, so the loaded weights are exactly what a single-process
 ``from_pretrained`` gives. transformers 5 slices DTensor parameters on read (its
 ``DtensorShardOperation``; per-expert tensors a rank does not own are not read at all). That
 is right for renames and for conversions that keep dim 0 (stacking experts, concatenating
-along a later dim). A conversion that transposes later dims (Qwen3-VL-MoE's stacked experts)
+along a later dim). A conversion that transposes later dims (stacked experts stored transposed)
 reads the rank's rows of its sources, converts, and keeps the rank's part; one that reshapes
 dim 0 (Kimi's vision ``wqkv`` split into q/k/v and permuted for RoPE) reads its sources whole,
 converts, and keeps the rank's part (:func:`_load_whole`): such tensors are small, one at a
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from .env import DistEnv
+    from .load_plan import CheckpointView
 
 log = logging.getLogger("hyper_train")
 
@@ -89,34 +90,22 @@ def _sequential_reads() -> Iterator[None]:
             os.environ[key] = old
 
 
-#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
-#: returning a context manager under which the model's module tree is that of its checkpoint.
-#: A plugin that adds parameters the checkpoint does not have (``hyper-train-peft``'s LoRA
-#: layers, which hold the original layer as ``base_layer``) sets it to swap its modules for
-#: the originals during the load; its own parameters are then left on meta, and the plugin
-#: initialises them after ``parallelize_model`` (``on_stage_end``).
-CHECKPOINT_VIEW = "hyper_train_checkpoint_view"
-
-#: Optional attribute of the model given to :func:`load_hf_shards`: a zero-argument callable
-#: run (once, then removed) when the weights are in, outside :data:`CHECKPOINT_VIEW`. ``ddp``
-#: sets it to wrap the model in ``DistributedDataParallel`` then.
-AFTER_LOAD = "hyper_train_after_load"
-
-
 def load_hf_shards(
-    model: torch.nn.Module, path: Path, dist: DistEnv, conversions: list[Any]
+    model: torch.nn.Module,
+    path: Path,
+    dist: DistEnv,
+    conversions: list[Any],
+    *,
+    view: CheckpointView | None = None,
 ) -> None:
     """Fill the (sharded, materialised) ``model`` with the weights of the HF directory
-    ``path``, each rank reading only its slices (collective-free); inside the model's
-    :data:`CHECKPOINT_VIEW` when it has one.
+    ``path``, each rank reading only its slices (collective-free); inside ``view(model)``
+    when given (:attr:`LoadPlan.checkpoint_view
+    <hyper_core.parallel.load_plan.LoadPlan.checkpoint_view>`: a plugin whose modules differ
+    from the checkpoint's shows the checkpoint's tree; what it hides stays on meta).
     """
-    view = getattr(model, CHECKPOINT_VIEW, None)
-    with view() if view is not None else contextlib.nullcontext():
+    with view(model) if view is not None else contextlib.nullcontext():
         _load_hf_shards(model, path, dist, conversions)
-    after = getattr(model, AFTER_LOAD, None)
-    if after is not None:
-        delattr(model, AFTER_LOAD)
-        after()
 
 
 def _load_hf_shards(
@@ -238,7 +227,7 @@ def _split_by_conversion(
 def _transposes(converter: Any) -> bool:
     """Whether the conversion permutes dims: transformers' shard-on-read checks the slice's
     shape against the parameter before converting, so these are read (the rank's rows) and
-    converted here (e.g. Qwen3-VL-MoE's stacked experts, stored ``(E, I, H)`` for
+    converted here (e.g. an MoE model's stacked experts, stored ``(E, I, H)`` for
     ``(E, H, I)``)."""
     from transformers.core_model_loading import Transpose
 

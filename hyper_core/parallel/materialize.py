@@ -32,39 +32,19 @@ if TYPE_CHECKING:
     import torch
 
     from .env import DistEnv
+    from .load_plan import LoadPlan
 
 
-def plan_build(dist: DistEnv, strategy: Any, adapter: Any, model_config: Any) -> None:
-    """Set ``dist.meta_init`` (the strategy builds on meta and materialises, several ranks)
-    and ``dist.sharded_load`` (it also loads each rank's shards of ``[model] path`` itself,
-    when the adapter maps checkpoint names: :mod:`hyper_core.parallel.hf_load`)."""
-    dist.meta_init = bool(getattr(strategy, "meta_init", False)) and dist.world_size > 1
-    dist.sharded_load = (
-        dist.meta_init
-        and bool(getattr(strategy, "loads_shards", False))
-        and model_config.path is not None
-        and hasattr(adapter, "checkpoint_conversions")
-        and hasattr(adapter, "check_weights")
-    )
-
-
-def build_device(dist: DistEnv) -> str:
-    """Where this rank builds the model: ``"cpu"`` (rank 0, or one process) or ``"meta"``
-    (the other ranks; every rank when it loads its own shards)."""
-    if dist.meta_init and (dist.rank != 0 or dist.sharded_load):
-        return "meta"
-    return "cpu"
-
-
-def build_model_on_rank(adapter: Any, model_config: Any, dist: DistEnv) -> torch.nn.Module:
-    """The adapter's model: in full on the CPU, or on meta (non-zero ranks with ``meta_init``).
+def build_model_on_rank(
+    adapter: Any, model_config: Any, dist: DistEnv, load: LoadPlan
+) -> torch.nn.Module:
+    """The adapter's model: in full on the CPU, or on meta (:meth:`LoadPlan.build_device`).
 
     A single process (and a strategy without ``meta_init``) gets the model moved to its device;
     the CPU init keeps random weights a function of the seed only, the same on CPU and GPU.
     """
-    device = build_device(dist)
-    model = adapter.build_model(model_config, device=device)
-    if not dist.meta_init and dist.device is not None and dist.device.type != "cpu":
+    model = adapter.build_model(model_config, device=load.build_device(dist.rank))
+    if not load.meta_init and dist.device is not None and dist.device.type != "cpu":
         move_to(model, dist.device)
     return model
 
@@ -169,7 +149,7 @@ class Rank0Source:
 def take_rank0_source(model: torch.nn.Module, dist: DistEnv) -> Rank0Source | None:
     """On rank 0: keep the model's weights aside and leave the model on meta; else None.
 
-    Non-zero ranks must already hold a meta model (built with ``meta_init``) or any model of
+    Non-zero ranks must already hold a meta model (``LoadPlan.meta_init``) or any model of
     the same architecture (its values are overwritten).
     """
     if dist.rank != 0:

@@ -7,8 +7,8 @@ import os
 import random
 from typing import Any
 
+from ..config.world import context_parallel_problem
 from ..errors import ConfigError
-from .context_parallel import context_parallel_problem
 from .env import DistEnv, torchrun_env
 
 
@@ -68,7 +68,7 @@ def init_distributed(config: Any) -> DistEnv:
             device_id=device if device.type == "cuda" else None,
         )
     replicate, cp = par.dp_replicate, par.cp
-    problem = context_parallel_problem(config)
+    problem = context_parallel_problem(config, None)  # the strategy: in the trainer
     if problem is not None:
         raise ConfigError([problem])
     shard = par.dp_shard if par.dp_shard != -1 else world // (replicate * cp)

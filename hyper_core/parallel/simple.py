@@ -9,6 +9,8 @@ from ..errors import ConfigError
 from .base import ParallelStrategy
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from ..adapters.base import ParallelPlan
@@ -37,10 +39,10 @@ class NoParallel(ParallelStrategy):
 class DDP(ParallelStrategy):
     """``torch.nn.parallel.DistributedDataParallel``: full replicas, averaged gradients.
 
-    Weights from ``[model] path`` (``dist.sharded_load``): every rank reads the whole
+    Weights from ``[model] path`` (``plan.load.sharded_load``): every rank reads the whole
     checkpoint itself (the ``parallelize_model`` stage's per-rank load, which gives each rank
     the same values), so no rank waits for rank 0 and none holds the model twice; DDP wraps the
-    model once its weights are in, without a broadcast (:func:`_wrap_after_load`). A random
+    model once its weights are in, without a broadcast (:meth:`_wrap_after_load`). A random
     init reaches the other ranks through DDP's start-up broadcast of rank 0's parameters and
     buffers (the other ranks only allocate storage for their meta model). ``[parallel]
     reduce_dtype = "bfloat16"``/``"float16"`` compresses the gradient all-reduce (a DDP comm
@@ -50,6 +52,11 @@ class DDP(ParallelStrategy):
     name = "ddp"
     meta_init = True
     loads_shards = True  # its "shard" is the whole model
+
+    def __init__(self, parallel_config: Any, training_config: Any) -> None:
+        super().__init__(parallel_config, training_config)
+        #: Sets up the DDP wrapper :meth:`_wrap_after_load` returned, once; None when done.
+        self._pending: Callable[[], None] | None = None
 
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
         if self.parallel.param_dtype is not None:
@@ -68,8 +75,8 @@ class DDP(ParallelStrategy):
 
         from .materialize import materialize, move_to
 
-        if dist.sharded_load:
-            return _wrap_after_load(model, dist, self._init_ddp)
+        if plan.load is not None and plan.load.sharded_load:
+            return self._wrap_after_load(model, dist)
         if dist.rank == 0:
             move_to(model, dist.device)
         else:
@@ -104,58 +111,48 @@ class DDP(ParallelStrategy):
             ddp.register_comm_hook(None, hook)
 
     def no_sync(self, model: torch.nn.Module, last_micro_step: bool) -> Any:
-        _finish_pending(model)
+        self._finish_pending()
         if last_micro_step or not hasattr(model, "no_sync"):
             return contextlib.nullcontext()
         return model.no_sync()
 
+    def weights_loaded(self, model: torch.nn.Module) -> None:
+        """Set DDP up now, unless a plugin still has parameters on meta to initialise after
+        the stage (LoRA): then at the first forward (or ``no_sync``)."""
+        if not any(p.is_meta for p in self.unwrap(model).parameters()):
+            self._finish_pending()
 
-#: Attribute of a ``DistributedDataParallel`` returned before its weights were loaded: the
-#: callable that sets it up (see :func:`_wrap_after_load`).
-_PENDING = "_hyper_train_pending_ddp"
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            self._pending()
 
+    def _wrap_after_load(self, model: torch.nn.Module, dist: DistEnv) -> torch.nn.Module:
+        """A ``DistributedDataParallel`` around the meta ``model``, set up once the weights
+        are in (:meth:`weights_loaded`).
 
-def _wrap_after_load(model: torch.nn.Module, dist: DistEnv, init: Any) -> torch.nn.Module:
-    """A ``DistributedDataParallel`` around the meta ``model``, set up once the weights are in.
+        Its buffers are allocated here (non-persistent ones recomputed); the
+        ``parallelize_model`` stage then fills the parameters from ``[model] path`` on every
+        rank (:func:`~hyper_core.parallel.hf_load.load_hf_shards` on ``.module``). DDP is set up
+        then, without broadcasting (every rank read the same files).
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
 
-    Its buffers are allocated here (non-persistent ones recomputed); the ``parallelize_model``
-    stage then fills the parameters from ``[model] path`` on every rank
-    (:func:`~hyper_core.parallel.hf_load.load_hf_shards` on ``.module``, which runs
-    :data:`~hyper_core.parallel.hf_load.AFTER_LOAD` at its end). DDP is set up then, without
-    broadcasting, or, when a plugin still has parameters on meta to initialise after the stage
-    (LoRA), at the first forward (or ``no_sync``).
-    """
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
+        from .materialize import materialize_buffers
 
-    from .hf_load import AFTER_LOAD
-    from .materialize import materialize_buffers
+        materialize_buffers(model, dist.device)
+        ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+        torch.nn.Module.__init__(ddp)
+        ddp.module = model  # what strategy.unwrap and the load see until DDP is set up
 
-    materialize_buffers(model, dist.device)
-    ddp = DistributedDataParallel.__new__(DistributedDataParallel)
-    torch.nn.Module.__init__(ddp)
-    ddp.module = model  # what strategy.unwrap and the load see until DDP is set up
+        def finish() -> None:
+            meta = [name for name, p in model.named_parameters() if p.is_meta]
+            if meta:
+                raise RuntimeError(f"ddp: {meta[0]} has no value when DDP wraps the model")
+            hook.remove()
+            self._pending = None
+            self._init_ddp(ddp, model, dist, init_sync=False)
 
-    def finish() -> None:
-        meta = [name for name, p in model.named_parameters() if p.is_meta]
-        if meta:
-            raise RuntimeError(f"ddp: {meta[0]} has no value when DDP wraps the model")
-        hook.remove()
-        del ddp.__dict__[_PENDING]
-        init(ddp, model, dist, init_sync=False)  # every rank read the same files
-
-    def after_load() -> None:
-        if not any(p.is_meta for p in model.parameters()):
-            finish()
-
-    hook = ddp.register_forward_pre_hook(lambda module, args: _finish_pending(module))
-    ddp.__dict__[_PENDING] = finish
-    setattr(model, AFTER_LOAD, after_load)
-    return ddp
-
-
-def _finish_pending(model: Any) -> None:
-    """Set up a DDP wrapper of :func:`_wrap_after_load` if it still waits."""
-    finish = getattr(model, "__dict__", {}).get(_PENDING)
-    if finish is not None:
-        finish()
+        hook = ddp.register_forward_pre_hook(lambda module, args: self._finish_pending())
+        self._pending = finish
+        return ddp

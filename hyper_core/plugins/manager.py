@@ -281,11 +281,17 @@ class PluginHost:
                     *,
                     aliases: Iterable[str] = (),
                     overrides: str | None = None,
+                    options: Any = None,
                     _plugin: str = plugin,
                     _registry: Any = registry,
                 ) -> None:
                     _registry.register(
-                        name, ref, plugin=_plugin, aliases=aliases, overrides=overrides
+                        name,
+                        ref,
+                        plugin=_plugin,
+                        aliases=aliases,
+                        overrides=overrides,
+                        options=options,
                     )
                     rec = self.records.get(_plugin)
                     if rec is not None:

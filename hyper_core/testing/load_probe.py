@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 #: Per decoder layer of :func:`big_qwen_vl_overrides`: 4·H² (attention, GQA 2:1 → 3·H²) +
 #: 3·H·I (MLP) parameters.
 _HIDDEN, _INTERMEDIATE = 1024, 3584
@@ -75,9 +77,9 @@ def write_random_checkpoint(out: Path, target_bytes: int, max_shard_size: str = 
     sharded with an index) in ``out``; returns its size in bytes."""
     import torch
 
-    from ..builtin.resolve import resolve_adapter
     from ..config import load_config_dict
     from ..plugins import get_plugin_host
+    from ..resolve import resolve_adapter
 
     config = load_config_dict(run_config(model_section(target_bytes=target_bytes), out))
     adapter = resolve_adapter(config.model, get_plugin_host().registries)
@@ -114,18 +116,20 @@ def probe(
     import torch
     import torch.distributed as tdist
 
-    from ..builtin.resolve import resolve_adapter, resolve_strategy
     from ..config import load_config
-    from ..parallel.materialize import plan_build
     from ..plugins import get_plugin_host
+    from ..resolve import resolve_adapter, resolve_strategy
 
     host = get_plugin_host()
     config = load_config(config_file, [], host.registries.config_sections)
     dist = host.call_stage("setup_distributed", config=config)
     adapter = resolve_adapter(config.model, host.registries)
     strategy = resolve_strategy(config, host.registries)
-    plan_build(dist, strategy, adapter, config.model)  # as the trainer does
-    dist.sharded_load = dist.sharded_load and not rank0
+    load = host.call_stage(
+        "plan_load", config=config, adapter=adapter, dist=dist, strategy=strategy
+    )
+    if rank0:
+        load = attrs.evolve(load, sharded_load=False)
     # Import the model's modules first: their memory is not the load's.
     adapter.build_model(config.model, device="meta")
     if dist.world_size > 1:
@@ -133,7 +137,7 @@ def probe(
     _reset_peak()
     before = _status_bytes("VmRSS")
     t0 = time.perf_counter()
-    model = host.call_stage("build_model", config=config, adapter=adapter, dist=dist)
+    model = host.call_stage("build_model", config=config, adapter=adapter, dist=dist, load=load)
     model = host.call_stage(
         "parallelize_model",
         config=config,
@@ -141,6 +145,7 @@ def probe(
         adapter=adapter,
         dist=dist,
         strategy=strategy,
+        load=load,
     )
     seconds = time.perf_counter() - t0
     # Read every weight once: one process's from_pretrained maps the files and leaves pages

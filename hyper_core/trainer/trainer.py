@@ -38,6 +38,7 @@ from .state import TrainState
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..parallel.load_plan import LoadPlan
     from ..plugins.manager import PluginHost
 
 log = logging.getLogger("hyper_train")
@@ -63,6 +64,8 @@ class Trainer:
         # Objects the build stages produce (set in setup()).
         self.dist: Any = None
         self.adapter: Any = None
+        #: How the weights reach each rank (the ``plan_load`` stage's frozen plan).
+        self.load_plan: LoadPlan | None = None
         self.model: Any = None
         self.loss_fn: Any = None
         self.assets: Any = None
@@ -119,8 +122,9 @@ class Trainer:
             raise
 
     def _setup(self) -> None:
-        from ..builtin.resolve import resolve_adapter, resolve_runtime, resolve_strategy
-        from ..parallel.materialize import plan_build
+        from ..batching.resolve import resolve_runtime
+        from ..config.world import context_parallel_problem
+        from ..resolve import resolve_adapter, resolve_strategy
 
         cfg = self.config
         self.dist = self._stage("setup_distributed", config=cfg)
@@ -128,11 +132,18 @@ class Trainer:
         self.adapter = resolve_adapter(cfg.model, self.registries)
         self.adapter.parse_options(cfg.model)  # [model.options], before anything is built
         self.strategy = resolve_strategy(cfg, self.registries)
+        problem = context_parallel_problem(cfg, self.strategy)
+        if problem is not None:
+            raise ConfigError([problem])
         self._build_callbacks()
         # Rank 0 builds the model in full and the others on meta when the strategy broadcasts
         # it; every rank on meta when each reads its own shards of [model] path.
-        plan_build(self.dist, self.strategy, self.adapter, cfg.model)
-        self.model = self._stage("build_model", config=cfg, adapter=self.adapter, dist=self.dist)
+        self.load_plan = self._stage(
+            "plan_load", config=cfg, adapter=self.adapter, dist=self.dist, strategy=self.strategy
+        )
+        self.model = self._stage(
+            "build_model", config=cfg, adapter=self.adapter, dist=self.dist, load=self.load_plan
+        )
         self.model = self._stage(
             "parallelize_model",
             config=cfg,
@@ -140,6 +151,7 @@ class Trainer:
             adapter=self.adapter,
             dist=self.dist,
             strategy=self.strategy,
+            load=self.load_plan,
         )
         self.loss_fn = self._stage("build_loss", config=cfg, adapter=self.adapter)
         self.assets = self._stage("build_model_assets", config=cfg, adapter=self.adapter)

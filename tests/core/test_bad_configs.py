@@ -12,6 +12,7 @@ import pytest
 
 from hyper_core.config import load_config
 from hyper_core.errors import ConfigError, UserError
+from hyper_core.testing import isolated_host
 
 CORPUS = pathlib.Path(__file__).parent / "bad_configs"
 FILES = sorted(CORPUS.glob("*.toml"))
@@ -65,7 +66,7 @@ def test_corpus_is_large_and_annotated() -> None:
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_bad_config_is_rejected(path: pathlib.Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, registries=isolated_host().registries)  # the core's formats
     assert isinstance(info.value, UserError)
     assert info.value.source == str(path)
     check(info.value, expectations(path))

@@ -78,7 +78,7 @@ def test_each_run_gets_its_own_object_registered_for_that_run(tmp_path: Path) ->
     assert (one.tag, one.steps, one.ended) == ("one", [1, 2], True)
     assert (two.tag, two.steps, two.ended) == ("two", [1, 2, 3], True)  # nothing of run one
     # Registered right after setup_distributed: on_stage_end of build_callbacks and later.
-    assert one.stages[:2] == ["build_callbacks", "build_model"]
+    assert one.stages[:3] == ["build_callbacks", "plan_load", "build_model"]
     assert one.stages[-1] == "build_checkpointer"
     for run, counter in ((first, one), (second, two)):
         assert counter in run.trainer.callbacks
@@ -104,7 +104,7 @@ def test_unregistered_when_setup_fails(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\$\.model\.freeze"):
         Trainer(config, host).setup()
     (counter,) = plugin.made
-    assert counter.stages == ["build_callbacks"]  # build_model failed
+    assert counter.stages == ["build_callbacks", "plan_load"]  # build_model failed
     assert not host.pm.is_registered(counter)
 
 
@@ -129,8 +129,8 @@ def test_filler_only_when_ranks_must_all_run_the_encoder() -> None:
 
 
 def test_runtime_is_built_with_its_filler(tmp_path: Path) -> None:
+    from hyper_core.batching.resolve import resolve_runtime
     from hyper_core.batching.types import SampleFeatures
-    from hyper_core.builtin.resolve import resolve_runtime
     from hyper_core.config import load_config_dict
 
     host = isolated_host()

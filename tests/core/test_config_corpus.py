@@ -313,22 +313,23 @@ def message(name: str) -> str:
 
 
 def _load(case: Case, path: pathlib.Path) -> Any:
-    sections = None
-    if case.plugins:
-        from hyper_core.plugins import get_plugin_host
+    # The core's registries (its dataset formats check their options); a case with plugins
+    # gets the installed ones' (their config sections).
+    from hyper_core.plugins import get_plugin_host
+    from hyper_core.testing import isolated_host
 
-        sections = get_plugin_host().registries.config_sections
+    registries = (get_plugin_host() if case.plugins else isolated_host()).registries
     if case.file is not None:
-        return load_config(BAD_CONFIGS / case.file)
+        return load_config(BAD_CONFIGS / case.file, registries=registries)
     if case.patch is not None:
         if "__root__" in case.patch:
-            return load_config_dict(case.patch["__root__"])
+            return load_config_dict(case.patch["__root__"], registries=registries)
         data = tomllib.loads(MINIMAL)
         for section, keys in case.patch.items():
             data.setdefault(section, {}).update(copy.deepcopy(keys))
-        return load_config_dict(data, sections=sections)
+        return load_config_dict(data, registries=registries)
     path.write_text(MINIMAL)
-    return load_config(path, case.overrides, sections=sections)
+    return load_config(path, case.overrides, registries=registries)
 
 
 EXPECTED: dict[str, str] = {

@@ -136,8 +136,8 @@ def test_split_micro_batch_keeps_this_ranks_labels() -> None:
 
 def _tiny_model(**overrides: Any) -> torch.nn.Module:
     from hyper_core.attention import register
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     register()
     config = ModelConfig(

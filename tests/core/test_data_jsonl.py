@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from hyper_core.config.fields import format_options
 from hyper_core.data.errors import SampleError, SkipCounter
-from hyper_core.data.jsonl import format_source, load_jsonl_format, read_jsonl
+from hyper_core.data.jsonl import JsonlOptions, format_source, load_jsonl_format, read_jsonl
 from hyper_core.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,14 +64,12 @@ def test_read_jsonl_missing_file_names_the_path(tmp_path: Path) -> None:
 def test_load_jsonl_format_resolves_against_base_dir(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "t.jsonl").write_text('{"i": 0}\n{"i": 1}\n{"i": 2}\n')
-    samples = load_jsonl_format("data/t.jsonl", {}, tmp_path)
+    samples = load_jsonl_format("data/t.jsonl", JsonlOptions(), tmp_path)
     assert [s["i"] for s in samples] == [0, 1, 2]
-    assert [s["i"] for s in load_jsonl_format("data/t.jsonl", {"max_samples": 2}, tmp_path)] == [
-        0,
-        1,
-    ]
+    two = load_jsonl_format("data/t.jsonl", JsonlOptions(max_samples=2), tmp_path)
+    assert [s["i"] for s in two] == [0, 1]
     with pytest.raises(ConfigError) as info:
-        load_jsonl_format("data/t.jsonl", {"shuffle": True}, tmp_path, where="$.data.eval")
+        format_options(JsonlOptions, {"shuffle": True}, "$.data.eval")
     assert info.value.problems[0][0] == "$.data.eval.shuffle"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hyper_core.data import jsonl_index
-from hyper_core.data.jsonl import WithImageDir, load_jsonl_format, read_jsonl
+from hyper_core.data.jsonl import JsonlOptions, WithImageDir, load_jsonl_format, read_jsonl
 from hyper_core.data.jsonl_index import JsonlFile, scan_lines
 from hyper_core.testing import run_tiny_training, tiny_text_config
 
@@ -100,10 +100,10 @@ def test_the_format_reads_jsonl_lazily_and_json_eagerly(tmp_path: Path) -> None:
     lines = b"\n".join(_sample(str(i)) for i in range(10))
     _write(tmp_path / "a.jsonl", lines)
     _write(tmp_path / "b.json", lines)
-    lazy = load_jsonl_format("a.jsonl", {"max_samples": 4}, tmp_path)
+    lazy = load_jsonl_format("a.jsonl", JsonlOptions(max_samples=4), tmp_path)
     assert isinstance(lazy, JsonlFile)
     assert list(lazy) == read_jsonl(tmp_path / "a.jsonl")[:4]
-    assert isinstance(load_jsonl_format("b.json", {}, tmp_path), list)
+    assert isinstance(load_jsonl_format("b.json", JsonlOptions(), tmp_path), list)
 
 
 def test_slices_and_image_dir_stay_lazy(tmp_path: Path) -> None:

@@ -18,11 +18,12 @@ import torch
 from hyper_core.batching.base import BatchingOptions
 from hyper_core.batching.padded import PaddedRuntime
 from hyper_core.batching.types import SampleFeatures
+from hyper_core.config.fields import format_options
 from hyper_core.data.chat import QWEN_CHATML, check_text_length, tokenize_conversation
 from hyper_core.data.conversation import ImagePart, load_image, parse_conversation
 from hyper_core.data.dataset import Skipped, TransformedDataset
 from hyper_core.data.errors import SampleError
-from hyper_core.data.jsonl import format_source, load_jsonl_format, read_jsonl
+from hyper_core.data.jsonl import JsonlOptions, format_source, load_jsonl_format, read_jsonl
 from hyper_core.data.loader import StepLoader, StepSampler
 from hyper_core.errors import ConfigError, DataError
 
@@ -94,13 +95,13 @@ def test_line_size_limit(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     long = chat_line("x" * 500)
     path.write_text(f"{chat_line('a')}\n{long}\n", encoding="utf-8")
-    samples = load_jsonl_format(str(path), {"max_line_bytes": 200})
+    samples = load_jsonl_format(str(path), JsonlOptions(max_line_bytes=200))
     assert "_error" not in samples[0]
     reason, message = samples[1]["_error"]
     assert reason == "too_long" and f"{len(long)} bytes > max_line_bytes 200" in message
-    assert "_error" not in load_jsonl_format(str(path), {})[1]  # the default is large
+    assert "_error" not in load_jsonl_format(str(path))[1]  # the default is large
     with pytest.raises(ConfigError) as info:
-        load_jsonl_format(str(path), {"max_line_bytes": 0})
+        format_options(JsonlOptions, {"max_line_bytes": 0}, "$.data.train")
     assert info.value.problems[0][0] == "$.data.train.max_line_bytes"
 
 
@@ -111,7 +112,7 @@ def test_json_array_with_index_provenance(tmp_path: Path) -> None:
     path = tmp_path / "llava.json"
     items = [json.loads(chat_line("a")), 7, json.loads(chat_line("b"))]
     path.write_text(json.dumps(items, indent=2), encoding="utf-8")
-    samples = load_jsonl_format("llava.json", {"max_samples": 3}, tmp_path)
+    samples = load_jsonl_format("llava.json", JsonlOptions(max_samples=3), tmp_path)
     file = str(path.resolve())
     assert samples[0]["_source"] == {"file": file, "index": 0}
     assert samples[1]["_error"] == ("bad_format", "expected a JSON object, got int")

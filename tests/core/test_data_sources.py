@@ -178,7 +178,9 @@ def test_bad_source_lists_name_the_element(
     tmp_path: Path, train: Any, where: str, message: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config_dict(tiny_text_config(tmp_path, data={"train": train}))
+        load_config_dict(
+            tiny_text_config(tmp_path, data={"train": train}), registries=isolated_host().registries
+        )
     problems = dict(info.value.problems)
     assert problems[where].startswith(message), problems
 

@@ -13,13 +13,13 @@ from hyper_core.batching.base import BatchingOptions
 from hyper_core.batching.packed import PackedRuntime
 from hyper_core.batching.padded import PaddedRuntime
 from hyper_core.batching.types import IGNORE_INDEX
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.cli import main
 from hyper_core.config import load_config
 from hyper_core.data.dataset import Skipped, TransformedDataset
 from hyper_core.data.jsonl import read_jsonl
 from hyper_core.data.stats import Batching, micro_batch_groups, predict_padding
 from hyper_core.plugins import get_plugin_host
+from hyper_core.resolve import resolve_adapter
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "text_demo.toml")

@@ -46,8 +46,8 @@ def test_bad_ep_fails_validation_with_its_path(
 
 
 def _built(adapter_name: str, config: str) -> tuple[object, torch.nn.Module]:
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     model_config = ModelConfig(adapter=adapter_name, config=config)
     adapter = resolve_adapter(model_config, get_plugin_host().registries)

@@ -30,9 +30,9 @@ def _index(out: Path) -> dict[str, str]:
 
 
 def _build(adapter_name: str, config: str) -> tuple[Any, torch.nn.Module]:
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import load_config_dict
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
     from hyper_core.testing import tiny_text_config
 
     raw = tiny_text_config("unused")

@@ -1,5 +1,6 @@
-"""Dataset formats declare their options as an attrs class: validated with the config, given
-to the format as an instance."""
+"""Dataset formats declare their options as an attrs class when they register
+(``register(name, ref, options=Cls)``): validated with the config, given to the format as an
+instance."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hyper_core import hookimpl
 from hyper_core.builtin.stages import _load_source
 from hyper_core.config import load_config_dict
-from hyper_core.errors import ConfigError
+from hyper_core.errors import ConfigError, PluginError
 from hyper_core.testing import isolated_host, tiny_text_config
 
 SEEN: list[Any] = []
@@ -29,13 +30,10 @@ def load_count(path: str | None, options: CountOptions, base_dir: Path) -> list[
     return [{"prompt": options.label, "completion": "y"} for _ in range(options.count)]
 
 
-load_count.options = CountOptions  # type: ignore[attr-defined]
-
-
 class CountFormat:
     @hookimpl
     def register_dataset_formats(self, register: Any) -> None:
-        register("count", load_count)
+        register("count", load_count, options=CountOptions)
 
 
 def config_with(tmp_path: Path, train: dict[str, Any]) -> dict[str, Any]:
@@ -68,12 +66,46 @@ def test_the_format_gets_an_instance_of_its_options(tmp_path: Path) -> None:
     assert SEEN == [CountOptions(count=3)] and len(samples) == 3
 
 
-def test_built_in_formats_are_checked_without_a_plugin_host(tmp_path: Path) -> None:
+def test_built_in_formats_are_checked_with_the_registries_given(tmp_path: Path) -> None:
+    raw = config_with(tmp_path, {"format": "shapes", "num_samples": "lots"})
     with pytest.raises(ConfigError) as info:
-        load_config_dict(config_with(tmp_path, {"format": "shapes", "num_samples": "lots"}))
+        load_config_dict(raw, registries=isolated_host().registries)
     assert dict(info.value.problems) == {
         "$.data.train.num_samples": "expected int, got str ('lots')"
     }
+    # Without registries the config layer knows no format: the run checks the options.
+    assert load_config_dict(raw).data.train.options == {"num_samples": "lots"}
+
+
+def test_a_format_declaring_options_as_an_attribute_is_told_how_to_register(
+    tmp_path: Path,
+) -> None:
+    def load_old(path: str | None, options: Any, base_dir: Path) -> list[dict[str, Any]]:
+        return []
+
+    load_old.options = CountOptions  # type: ignore[attr-defined]
+
+    class OldFormat:
+        @hookimpl
+        def register_dataset_formats(self, register: Any) -> None:
+            register("old", load_old)
+
+    host = isolated_host([OldFormat()])
+    config = load_config_dict(
+        config_with(tmp_path, {"format": "old", "count": 2}), registries=host.registries
+    )
+    with pytest.raises(PluginError, match=r"register\('old', ref, options=CountOptions\)"):
+        _load_source(config.data.train, config, host.registries, "train")
+
+
+def test_only_dataset_formats_declare_options() -> None:
+    class Odd:
+        @hookimpl
+        def register_batching_runtimes(self, register: Any) -> None:
+            register("odd", "x:Y", options=CountOptions)
+
+    with pytest.raises(PluginError, match="only dataset formats declare options"):
+        isolated_host([Odd()])
 
 
 def test_an_unknown_format_is_left_to_the_run(tmp_path: Path) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.config import load_config_dict
 from hyper_core.errors import UserError
 from hyper_core.parallel.env import DistEnv
 from hyper_core.parallel.hf_load import load_hf_shards, weight_files
 from hyper_core.parallel.materialize import materialize_buffers
 from hyper_core.plugins import get_plugin_host
+from hyper_core.resolve import resolve_adapter
 from hyper_core.testing import tiny_text_config
 
 

@@ -26,6 +26,7 @@ from hyper_core.hookspecs import (
     REGISTRATION_HOOKS,
 )
 from hyper_core.testing import isolated_host, run_tiny_training, tiny_text_config
+from hyper_core.types import LoadPlan
 
 # The command hooks' examples run in test_export_hook.py.
 ALL_HOOKS = REGISTRATION_HOOKS + BUILD_STAGES + LIFECYCLE_EVENTS + COMMAND_HOOKS
@@ -118,7 +119,11 @@ def _not_called(*args: Any, **kwargs: Any) -> Any:
 def _run_examples() -> dict[str, Example]:
     return {
         name: Example(
-            name, COUNTER=Counter, apply_my_tensor_parallel=_not_called, dump_debug_state=None
+            name,
+            COUNTER=Counter,
+            apply_my_tensor_parallel=_not_called,
+            dump_debug_state=None,
+            attrs=attrs,
         )
         for name in BUILD_STAGES + LIFECYCLE_EVENTS
         if name != "on_train_error" and example_of(name) is not None
@@ -151,6 +156,8 @@ def test_build_stage_and_lifecycle_examples_run(
     t = run.trainer
 
     assert "rank 0 of 1 on cpu" in out  # setup_distributed
+    assert "meta init: False, sharded load: False" in out  # plan_load (one process)
+    assert t.load_plan == LoadPlan()
     assert not t.unwrapped_model.get_input_embeddings().weight.requires_grad  # build_model
     assert t.loss_fn.__qualname__ == "build_loss.<locals>.loss_fn"
     assert t.assets.tokenizer.padding_side == "left"

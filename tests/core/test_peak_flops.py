@@ -60,8 +60,8 @@ def test_use_tf32_sets_the_matmul_precision() -> None:
 
 
 def test_a_tied_lm_head_is_counted_in_the_flops(tmp_path: Path) -> None:
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
     from hyper_core.testing.vl import micro_batch
 
     config = load_config_dict(tiny_text_config(tmp_path))

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from hyper_core.config.fields import format_options
 from hyper_core.data import shapes
 from hyper_core.data.conversation import load_image, parse_conversation
 from hyper_core.data.shapes import (
     COLOURS,
     JITTER,
     QUESTIONS,
+    ShapesOptions,
     ensure_shapes,
     generate_shapes,
     load_shapes_format,
@@ -130,29 +132,29 @@ def test_failed_generation_leaves_nothing(cache: Path, monkeypatch) -> None:
 
 
 def test_dataset_format(cache: Path, tmp_path: Path) -> None:
-    train = load_shapes_format(None, {"num_samples": 4, "image_size": 32}, tmp_path)
+    train = load_shapes_format(None, ShapesOptions(num_samples=4, image_size=32), tmp_path)
     evals = load_shapes_format(
-        None, {"num_samples": 4, "image_size": 32, "split": "eval"}, tmp_path
+        None, ShapesOptions(num_samples=4, image_size=32, split="eval"), tmp_path
     )
     assert len(train) == len(evals) == 4
     conv = parse_conversation(train[0])
     assert load_image(conv.images[0]).size == (32, 32)
     assert train[0]["_source"]["line"] == 1 and "meta" in train[0]
     assert conv.images[0].path != parse_conversation(evals[0]).images[0].path
-    local = load_shapes_format("shape_cache", {"num_samples": 2, "image_size": 16}, tmp_path)
+    local = load_shapes_format("shape_cache", ShapesOptions(num_samples=2, image_size=16), tmp_path)
     assert Path(local[0]["_source"]["file"]).is_relative_to(tmp_path / "shape_cache")
 
 
 def test_dataset_format_option_errors(cache: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_shapes_format(None, {"num_sample": 4}, tmp_path)
+        format_options(ShapesOptions, {"num_sample": 4}, "$.data.train")
     ((path, message),) = info.value.problems
     assert path == "$.data.train.num_sample" and "did you mean 'num_samples'" in message
     with pytest.raises(ConfigError) as info:
-        load_shapes_format(
-            None,
+        format_options(
+            ShapesOptions,
             {"num_samples": 0, "image_size": "big", "question_mix": [1, 2], "split": "eval"},
-            tmp_path,
+            "$.data.eval",
         )
     assert {p for p, _ in info.value.problems} == {
         "$.data.eval.num_samples",

@@ -19,9 +19,9 @@ from hyper_core.attention.varlen import varlen_attention_forward, varlen_mask
 from hyper_core.batching.base import BatchingOptions
 from hyper_core.batching.packed import PackedRuntime
 from hyper_core.batching.padded import PaddedRuntime
+from hyper_core.batching.resolve import resolve_runtime
 from hyper_core.batching.types import IGNORE_INDEX, SampleFeatures
 from hyper_core.builtin.hf_causal_lm import HFCausalLMAdapter
-from hyper_core.builtin.resolve import resolve_runtime
 from hyper_core.config.schema import ModelConfig
 from hyper_core.testing import isolated_host, run_tiny_training, tiny_text_config
 from hyper_core.testing.vl import loss_and_grads, loss_of, micro_batch
@@ -237,7 +237,7 @@ def test_resolve_runtime_asks_for_boundaries_per_attention(impl: str, expected: 
 def test_importing_hyper_core_does_not_import_torch() -> None:
     code = (
         "import sys, hyper_core, hyper_core.attention, hyper_core.adapters.hf, "
-        "hyper_core.builtin.resolve, hyper_core.batching.packed\n"
+        "hyper_core.resolve, hyper_core.batching.packed\n"
         "hyper_core.attention.uses_varlen_kwargs('varlen')\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )

@@ -23,9 +23,9 @@ def _write_model_dir(out: Path) -> Path:
     """The weights a seed-0 run of ``text_config`` starts from, as an HF directory."""
     import torch
 
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import load_config_dict
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     config = load_config_dict(text_config(out / "unused"))
     adapter = resolve_adapter(config.model, get_plugin_host().registries)

@@ -63,10 +63,10 @@ def _checkpoint_model(out: Path) -> Any:
     """The run's final DCP checkpoint, loaded whole in this process (the reference)."""
     import torch.distributed.checkpoint as dcp
 
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import load_config
     from hyper_core.parallel.materialize import materialize
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     host = get_plugin_host()
     config = load_config(out / "config.toml", [], host.registries.config_sections)

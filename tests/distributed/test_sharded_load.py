@@ -32,9 +32,9 @@ def write_model_dir(model: str, out: Path) -> Path:
     """The model of ``model_config(model)`` (random init, seed 0) written as a published
     checkpoint would be: Qwen-VL's legacy key names, Kimi's per-expert keys, with its
     tokenizer and processor."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import load_config_dict
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     host = get_plugin_host()
     config = load_config_dict(model_config(model, out / "unused"))

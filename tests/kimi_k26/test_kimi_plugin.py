@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.config.schema import ModelConfig
 from hyper_core.plugins import PluginHost
+from hyper_core.resolve import resolve_adapter
 from hyper_kimi_k26.adapter import KimiK25Adapter
 
 
@@ -51,3 +51,13 @@ def test_adapter_found_from_model_dir(tmp_path: Path) -> None:
     host = PluginHost(only=["kimi_k26"], strict=True)
     adapter = resolve_adapter(ModelConfig(path=str(tmp_path)), host.registries)
     assert isinstance(adapter, KimiK25Adapter)
+
+
+def test_kimi_is_a_context_parallel_adapter() -> None:
+    from hyper_core.adapters import ContextParallelAdapter
+    from hyper_core.parallel.context_parallel import RowSplit
+
+    adapter = KimiK25Adapter()
+    assert isinstance(adapter, ContextParallelAdapter)
+    assert adapter.vision_grid_keyword() == "grid_thw"  # MoonViT's keyword
+    assert adapter.split_decoder_kwargs({"input_ids": None}, RowSplit(2, 0)) == {}

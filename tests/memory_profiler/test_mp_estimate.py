@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not VL, reason="needs hyper-train-qwen-vl")
 @pytest.fixture(scope="module")
 def seven_b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The 7B model built once on meta, its adapter and a config loader."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import load_config
     from hyper_core.plugins.manager import PluginHost
+    from hyper_core.resolve import resolve_adapter
     from hyper_memory_profiler.estimate import build_meta_model
 
     root = tmp_path_factory.mktemp("7b")
@@ -40,7 +40,7 @@ def seven_b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _estimate(
     seven_b: dict[str, Any], world: int, *overrides: str, batch: Any = None, model: Any = None
 ) -> Any:
-    from hyper_core.builtin.resolve import resolve_strategy
+    from hyper_core.resolve import resolve_strategy
     from hyper_memory_profiler.estimate import estimate_model, layout_for
 
     cfg = seven_b["config"](*overrides)

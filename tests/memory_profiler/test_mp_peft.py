@@ -87,9 +87,9 @@ def test_estimate_table_shows_the_trainable_share(
 
 
 def test_lora_estimate_is_below_full_fine_tuning(tmp_path: Path) -> None:
-    from hyper_core.builtin.resolve import resolve_strategy
     from hyper_core.config import load_config
     from hyper_core.plugins.manager import PluginHost
+    from hyper_core.resolve import resolve_strategy
     from hyper_memory_profiler.estimate import estimate_config, layout_for
 
     host = PluginHost()

@@ -53,8 +53,8 @@ def write_text_model_dir(out: Path) -> Path:
     """The tiny text model (random init, seed 0) as an HF directory, with its tokenizer."""
     import torch
 
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     config = load(tiny_text_config(out / "unused"))
     adapter = resolve_adapter(config.model, get_plugin_host().registries)

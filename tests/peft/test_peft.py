@@ -35,8 +35,8 @@ def test_plugin_module_imports_no_torch() -> None:
 
 def _built(raw: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(config, adapter, model) of the tiny text run, the model built on the CPU, no LoRA."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
 
     config = load(raw)
     adapter = resolve_adapter(config.model, get_plugin_host().registries)
@@ -166,13 +166,11 @@ def test_init_from_with_another_rank_is_a_config_error(tmp_path: Path) -> None:
 def test_sharded_load_reads_the_base_and_leaves_lora_to_the_plugin(tmp_path: Path) -> None:
     """The sharded-load path on one process: the checkpoint view loads the base weights under
     their checkpoint names, LoRA stays on meta until init_lora_shards."""
-    import functools
-
     import torch
     from transformers import AutoModelForCausalLM
 
     from hyper_core.parallel.env import DistEnv
-    from hyper_core.parallel.hf_load import CHECKPOINT_VIEW, load_hf_shards
+    from hyper_core.parallel.hf_load import load_hf_shards
     from hyper_core.parallel.materialize import materialize_buffers
     from hyper_peft.lora import apply_lora
     from hyper_peft.sharded import checkpoint_view, init_lora_shards
@@ -183,10 +181,10 @@ def test_sharded_load_reads_the_base_and_leaves_lora_to_the_plugin(tmp_path: Pat
     config, adapter, _ = _built(raw)
     model = adapter.build_model(config.model, device="meta")
     apply_lora(model, adapter, config.section("peft"))
-    setattr(model, CHECKPOINT_VIEW, functools.partial(checkpoint_view, model))
     materialize_buffers(model, torch.device("cpu"))
     conversions = adapter.checkpoint_conversions(model)
-    load_hf_shards(model, hf, DistEnv(device=torch.device("cpu")), conversions)
+    dist = DistEnv(device=torch.device("cpu"))
+    load_hf_shards(model, hf, dist, conversions, view=checkpoint_view)
     params = dict(model.named_parameters())
     assert all(p.is_meta == (".lora_" in n) for n, p in params.items())
     reference = AutoModelForCausalLM.from_pretrained(str(hf))

@@ -19,8 +19,8 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def bf16_valued_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny text model (seed 0) as an fp32 HF directory whose values are bf16's."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.plugins import get_plugin_host
+    from hyper_core.resolve import resolve_adapter
     from hyper_core.testing import tiny_text_config
 
     out = tmp_path_factory.mktemp("base")

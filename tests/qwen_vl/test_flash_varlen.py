@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hyper_core.attention import flash_varlen
-from hyper_core.builtin.resolve import resolve_adapter
 from hyper_core.config import load_config_dict
 from hyper_core.plugins import get_plugin_host
+from hyper_core.resolve import resolve_adapter
 from hyper_core.testing.vl import loss_and_grads, micro_batch, vl_samples, write_test_images
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from hyper_core.builtin.resolve import resolve_adapter
+from hyper_core.resolve import resolve_adapter
 from hyper_core.config import load_config_dict
 from hyper_core.errors import ConfigError
 from hyper_core.parallel.liger import apply_liger_kernel

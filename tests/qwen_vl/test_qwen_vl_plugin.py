@@ -51,8 +51,8 @@ def test_entry_point_registers_adapters() -> None:
 
 
 def test_adapter_found_from_model_dir(tmp_path: Path) -> None:
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config.schema import ModelConfig
+    from hyper_core.resolve import resolve_adapter
 
     Qwen3VLMoeAdapter().hf_config(
         ModelConfig(adapter="qwen3_vl_moe", config="tiny")

@@ -13,9 +13,11 @@ from qwen_vl_helpers import ADAPTERS
 
 from hyper_core.cli import main
 from hyper_core.config import load_config
+from hyper_core.config.fields import format_options
 from hyper_core.data.moving_shapes import (
     DIRECTIONS,
     QUESTION,
+    MovingShapesOptions,
     generate_moving_shapes,
     load_moving_shapes_format,
 )
@@ -72,13 +74,13 @@ def test_shuffled_frames_list_the_same_clips_out_of_order(tmp_path: Path) -> Non
 
 def test_format_options_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HYPER_TRAIN_CACHE", str(tmp_path))
-    options = {"num_samples": 3, "image_size": 24, "num_frames": 4, "split": "eval"}
+    options = MovingShapesOptions(num_samples=3, image_size=24, num_frames=4, split="eval")
     first = load_moving_shapes_format(None, options)
     again = load_moving_shapes_format(None, options)
     assert len(first) == 3 and [s["meta"] for s in first] == [s["meta"] for s in again]
     assert len(list((tmp_path / "moving_shapes").iterdir())) == 2  # the set and its lock
     with pytest.raises(ConfigError, match=r"\$\.data\.train\.num_frames"):
-        load_moving_shapes_format(None, {"num_frames": 1})
+        format_options(MovingShapesOptions, {"num_frames": 1}, "$.data.train")
 
 
 def test_demo_config_validates_and_a_clip_is_8_tokens(tmp_path: Path, capsys) -> None:

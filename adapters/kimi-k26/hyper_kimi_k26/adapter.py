@@ -51,6 +51,7 @@ from .tokens import CONFIG_TOKEN_FIELDS, KIMI_CHAT, KIMI_CHAT_TEMPLATE
 if TYPE_CHECKING:
     import torch
 
+    from hyper_core.adapters.base import TokenSplit
     from hyper_core.batching.types import MicroBatch
     from hyper_core.config import ModelConfig
     from hyper_core.export import CheckpointLayout
@@ -216,6 +217,16 @@ class KimiK25Adapter(HFModelAdapter):
             sharding_units=(lay.decoder_layers, lay.vision_blocks),
             vision_encoder=VisionEncoderSpec(module=lay.vision, input_keys=self.vision_input_keys),
         )
+
+    # -- context parallelism (the ContextParallelAdapter capability) ----------------------------
+
+    def split_decoder_kwargs(self, kwargs: Mapping[str, Any], split: TokenSplit) -> dict[str, Any]:
+        """The DeepSeek-V3 decoder takes no other per-token inputs."""
+        return {}
+
+    def vision_grid_keyword(self) -> str:
+        """MoonViT is called as ``vision_tower(patches, grid_thw=...)``."""
+        return "grid_thw"
 
     # -- parameters and FLOPs -------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from .video import FrameSampling
 if TYPE_CHECKING:
     import torch
 
+    from hyper_core.adapters.base import TokenSplit
     from hyper_core.batching.types import MicroBatch
     from hyper_core.config import ModelConfig
     from hyper_core.data.multimodal import MultimodalTokens
@@ -280,6 +281,16 @@ class QwenVLAdapter(HFModelAdapter):
             "token_fields": {"mm_token_type_ids": types},
         }
 
+    # -- context parallelism (the ContextParallelAdapter capability) ----------------------------
+
+    def split_decoder_kwargs(self, kwargs: Mapping[str, Any], split: TokenSplit) -> dict[str, Any]:
+        """Qwen2-VL and Qwen2.5-VL give the decoder no other per-token inputs."""
+        return {}
+
+    def vision_grid_keyword(self) -> str:
+        """The tower is called as ``visual(patches, grid_thw=...)``, images and videos alike."""
+        return "grid_thw"
+
     # -- vision encoder (encoder parallelism) ---------------------------------------------------
 
 
@@ -341,6 +352,20 @@ class Qwen3VLAdapter(QwenVLAdapter):
         image_mean=(0.5, 0.5, 0.5),
         image_std=(0.5, 0.5, 0.5),
     )
+
+    def split_decoder_kwargs(self, kwargs: Mapping[str, Any], split: TokenSplit) -> dict[str, Any]:
+        """The deepstack inputs of this rank's tokens: ``visual_pos_masks`` (B, L) split like
+        the tokens, and of each ``deepstack_visual_embeds`` tensor (one row per visual token)
+        the rows of this rank's visual tokens, in their order."""
+        mask = kwargs.get("visual_pos_masks")
+        if mask is None:
+            return {}
+        local_mask, keep = split.marked_rows(mask)
+        out: dict[str, Any] = {"visual_pos_masks": local_mask}
+        embeds = kwargs.get("deepstack_visual_embeds")
+        if embeds is not None:
+            out["deepstack_visual_embeds"] = [e.index_select(0, keep) for e in embeds]
+        return out
 
 
 class Qwen3VLMoeAdapter(Qwen3VLAdapter):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from hyper_core.config.schema import at_least, greater_than, meta
+from hyper_core.config.fields import at_least, greater_than, meta
 from hyper_core.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from hyper_core.config.schema import at_least, meta, not_empty
+from hyper_core.config.fields import at_least, meta, not_empty
 
 
 @attrs.frozen(kw_only=True)

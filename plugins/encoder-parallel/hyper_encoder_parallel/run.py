@@ -88,8 +88,8 @@ class EncoderParallelRun:
             self._bind(trainer)
 
     def _bind(self, trainer: Any) -> None:
-        from hyper_core.builtin.resolve import named
         from hyper_core.registry import normalize_name
+        from hyper_core.resolve import named
 
         config = trainer.config
         base_name = self.settings.base
@@ -99,7 +99,7 @@ class EncoderParallelRun:
             )
         cls = named(f"$.{SECTION}.base", trainer.registries.parallel_strategies, base_name)
         base = cls(config.parallel, config.training)
-        if trainer.dist.meta_init and not getattr(base, "meta_init", False):
+        if trainer.load_plan.meta_init and not base.meta_init:
             raise ConfigError(
                 [
                     (

@@ -49,6 +49,9 @@ class EncoderParallel(ParallelStrategy):
     def apply(self, model: torch.nn.Module, plan: ParallelPlan, dist: DistEnv) -> torch.nn.Module:
         return self._base().apply(model, plan, dist)
 
+    def weights_loaded(self, model: torch.nn.Module) -> None:
+        self._base().weights_loaded(model)
+
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return super().unwrap(model) if self.base is None else self.base.unwrap(model)
 

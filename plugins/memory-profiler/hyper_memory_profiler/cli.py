@@ -174,7 +174,7 @@ def _batch(args: argparse.Namespace, config: Any, registries: Any) -> Any:
     """The default (worst-case) micro-batch, with the command line's overrides."""
     if args.tokens is None and args.samples is None and args.patches is None:
         return None
-    from hyper_core.builtin.resolve import resolve_adapter
+    from hyper_core.resolve import resolve_adapter
 
     from .estimate import BatchShape, build_meta_model, default_batch, model_shape
 
@@ -267,8 +267,8 @@ def label_fraction_of_data(config: Any, host: Any) -> tuple[float, str]:
     """The share of label tokens in the first :data:`LABEL_SAMPLES` training samples (read
     through the run's transform, as ``data stats`` does) and where it came from; the default
     share, with the reason, when the tokenizer or the data can't be read."""
-    from hyper_core.data.stats import data_stats
     from hyper_core.errors import UserError
+    from hyper_core.trainer.data_stats import data_stats
 
     try:
         stats = data_stats(config, host, limit=LABEL_SAMPLES)

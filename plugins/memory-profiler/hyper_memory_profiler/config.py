@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from hyper_core.config.schema import at_least, greater_than, meta, not_empty
+from hyper_core.config.fields import at_least, greater_than, meta, not_empty
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-|\.\.)\s*(\d+)\s*$")
 

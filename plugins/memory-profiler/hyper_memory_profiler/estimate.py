@@ -1083,7 +1083,7 @@ def estimate_config(
     label_source: str = "default",
 ) -> Estimate:
     """Build ``config``'s model on meta and estimate one rank of a ``world_size`` job."""
-    from hyper_core.builtin.resolve import resolve_adapter, resolve_strategy
+    from hyper_core.resolve import resolve_adapter, resolve_strategy
 
     adapter = resolve_adapter(config.model, registries)
     strategy = resolve_strategy(config, registries)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from hyper_core.config.schema import at_least, greater_than, meta
+from hyper_core.config.fields import at_least, greater_than, meta
 from hyper_core.errors import ConfigError
 
 #: ``target`` entries that name a part of the model (``adapter.freeze_groups``).

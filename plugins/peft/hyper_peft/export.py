@@ -132,9 +132,9 @@ def write_adapter_dir(
 ) -> Path:
     """The PEFT adapter directory of ``checkpoint`` in ``out_dir``, with the tokenizer/
     processor files, the run's config and a README that says how to rebuild the base."""
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.config import dump_config
     from hyper_core.export import EXPORT_RUN_CONFIG, write_export_record
+    from hyper_core.resolve import resolve_adapter
 
     cfg = config.section("peft")
     adapter = resolve_adapter(config.model, registries)
@@ -183,8 +183,8 @@ def trained_model(
     trained weights loaded; with ``merge`` the adapters merged into the base layers."""
     import torch
 
-    from hyper_core.builtin.resolve import resolve_adapter
     from hyper_core.parallel.setup import seed_everything
+    from hyper_core.resolve import resolve_adapter
 
     cfg = config.section("peft")
     adapter = resolve_adapter(config.model, registries)

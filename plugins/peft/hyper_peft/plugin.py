@@ -10,14 +10,18 @@ start.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from hyper_core import hookimpl
 from hyper_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hyper_core.parallel.load_plan import LoadPlan
 
 SECTION = "peft"
 log = logging.getLogger("hyper_train.peft")
@@ -88,24 +92,32 @@ class PeftRun:
         self.init_after_load = False
 
     @hookimpl(wrapper=True)
-    def build_model(self, adapter: Any, dist: Any) -> Generator[None, Any, Any]:
+    def plan_load(self) -> Generator[None, LoadPlan, LoadPlan]:
+        """A sharded load reads the base layers through :func:`~hyper_peft.sharded.
+        checkpoint_view`; DoRA's magnitudes are the base weights' norms, so with DoRA rank 0
+        loads and broadcasts instead."""
+        plan = yield
+        if not plan.sharded_load:
+            return plan
+        if self.cfg.method == "dora":
+            log.info("dora: [model] path is loaded on rank 0 and broadcast (no sharded load)")
+            return attrs.evolve(plan, sharded_load=False)
+        from .sharded import checkpoint_view
+
+        return attrs.evolve(plan, checkpoint_view=checkpoint_view)
+
+    @hookimpl(wrapper=True)
+    def build_model(self, adapter: Any, dist: Any, load: LoadPlan) -> Generator[None, Any, Any]:
         """LoRA into the built model, on whatever device it was built (CPU or meta): on
         several ranks rank 0's adapters are broadcast with the base like any weight."""
         from .lora import apply_lora, load_adapter_weights
 
-        if dist.sharded_load and self.cfg.method == "dora":
-            # DoRA's magnitudes are the base weights' norms: rank 0 loads and broadcasts.
-            log.info("dora: [model] path is loaded on rank 0 and broadcast (no sharded load)")
-            dist.sharded_load = False
         model = yield
         self.targets = apply_lora(model, adapter, self.cfg)
-        if dist.sharded_load:
-            from hyper_core.parallel.hf_load import CHECKPOINT_VIEW
-
-            from .sharded import check_shardable, checkpoint_view
+        if load.sharded_load:
+            from .sharded import check_shardable
 
             check_shardable(model)
-            setattr(model, CHECKPOINT_VIEW, functools.partial(checkpoint_view, model))
             self.init_after_load = True
         elif self.cfg.init_from is not None and not _is_meta(model):
             load_adapter_weights(model, self._init_from())
@@ -128,13 +140,10 @@ class PeftRun:
         """After a sharded load: the LoRA parameters it left on meta get their values."""
         if stage != "parallelize_model" or not self.init_after_load:
             return
-        from hyper_core.parallel.hf_load import CHECKPOINT_VIEW
-
         from .sharded import init_lora_shards
 
         model = trainer.strategy.unwrap(result)
         init_lora_shards(model, self.config.run.seed, trainer.dist.device, self._init_from())
-        delattr(model, CHECKPOINT_VIEW)
 
     def _init_from(self) -> Path | None:
         """``init_from`` relative to the config file's directory."""

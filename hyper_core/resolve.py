@@ -1,4 +1,6 @@
-"""Choosing components by registered name (never by import path)."""
+"""Choosing components by registered name (never by import path): the adapter of ``[model]``
+and the strategy of ``[parallel]``. The batching runtime, which also needs the adapter's assets,
+is chosen by :func:`hyper_core.batching.resolve.resolve_runtime`."""
 
 from __future__ import annotations
 
@@ -6,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import PluginError, UserError
-from ..registry import Registries
+import attrs
+
+from .errors import PluginError, UserError
+from .registry import Registries
 
 
 def named(path: str, registry: Any, name: str) -> Any:
@@ -15,6 +19,25 @@ def named(path: str, registry: Any, name: str) -> Any:
         return registry.get(name)
     except PluginError as exc:
         raise PluginError(f"{path}: {exc}") from exc
+
+
+def dataset_format(path: str, registries: Registries, name: str) -> tuple[Any, type | None]:
+    """The dataset format registered as ``name`` and its declared options class (or None)."""
+    try:
+        entry = registries.dataset_formats.entry(name)
+        fmt = entry.load()
+        options_class = entry.options_class()
+    except PluginError as exc:
+        raise PluginError(f"{path}: {exc}") from exc
+    legacy = getattr(fmt, "options", None)
+    if options_class is None and isinstance(legacy, type) and attrs.has(legacy):
+        # Before register(..., options=Cls) a format declared its class as an attribute.
+        raise PluginError(
+            f"{path}: dataset format {name!r} (plugin {entry.plugin!r}) declares its options as "
+            f"`{getattr(fmt, '__name__', name)}.options`; register it with "
+            f"register({entry.name!r}, ref, options={legacy.__name__}) instead"
+        )
+    return fmt, options_class
 
 
 def resolve_adapter(model_config: Any, registries: Registries) -> Any:
@@ -40,28 +63,11 @@ def resolve_adapter(model_config: Any, registries: Registries) -> Any:
     return named("$.model.adapter", registries.model_adapters, first)()
 
 
-def resolve_runtime(
-    config: Any, adapter: Any, assets: Any, registries: Registries, *, vision_filler: bool = False
-) -> Any:
-    """The batching runtime of ``[data] batching`` (default: the adapter's); with
-    ``vision_filler``, it adds the adapter's vision filler to image-less micro-batches."""
-    from ..attention import uses_varlen_kwargs
-    from ..batching.base import BatchingOptions
-
-    name = config.data.batching or adapter.default_batching
-    cls = named("$.data.batching", registries.batching_runtimes, name)
-    return cls(
-        BatchingOptions(
-            micro_batch_size=config.training.micro_batch_size,
-            max_seq_len=config.data.max_seq_len,
-            pad_token_id=assets.pad_token_id,
-            varlen_kwargs=uses_varlen_kwargs(config.model.attn_implementation),
-            vision_filler=adapter.vision_filler(assets) if vision_filler else None,
-        )
-    )
+def strategy_class(config: Any, registries: Registries) -> Any:
+    """The class registered as ``[parallel] strategy`` (what it can do, without building it)."""
+    return named("$.parallel.strategy", registries.parallel_strategies, config.parallel.strategy)
 
 
 def resolve_strategy(config: Any, registries: Registries) -> Any:
     """The parallel strategy of ``[parallel] strategy``."""
-    cls = named("$.parallel.strategy", registries.parallel_strategies, config.parallel.strategy)
-    return cls(config.parallel, config.training)
+    return strategy_class(config, registries)(config.parallel, config.training)
