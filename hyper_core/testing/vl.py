@@ -124,3 +124,26 @@ def assert_same_loss_and_grads(
         assert grads.keys() == ref_grads.keys(), name
         for key, grad in grads.items():
             assert torch.allclose(grad, ref_grads[key], atol=atol, rtol=1e-4), (name, key)
+
+
+def tiny_vl(
+    workdir: Path, family: str = "qwen2_5_vl", attn_implementation: str = "sdpa"
+) -> tuple[Any, Any, Any]:
+    """``(adapter, model, assets)`` of ``family``'s tiny named config with ``attn_implementation``,
+    the model built from seed 0 (fp32, CPU)."""
+    import torch
+
+    from ..config import load_config_dict
+    from ..plugins import get_plugin_host
+    from ..resolve import resolve_adapter
+
+    raw = {
+        "run": {"output_dir": str(workdir / "run")},
+        "model": {"adapter": family, "config": "tiny", "attn_implementation": attn_implementation},
+        "data": {"train": {"format": "shapes", "num_samples": 4}},
+        "training": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 1, "lr": 1e-3},
+    }
+    config = load_config_dict(raw)
+    adapter = resolve_adapter(config.model, get_plugin_host().registries)
+    torch.manual_seed(0)
+    return adapter, adapter.build_model(config.model), adapter.build_assets(config.model)

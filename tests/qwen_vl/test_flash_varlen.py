@@ -13,10 +13,13 @@ import pytest
 import torch
 
 from hyper_core.attention import flash_varlen
-from hyper_core.config import load_config_dict
-from hyper_core.plugins import get_plugin_host
-from hyper_core.resolve import resolve_adapter
-from hyper_core.testing.vl import loss_and_grads, micro_batch, vl_samples, write_test_images
+from hyper_core.testing.vl import (
+    loss_and_grads,
+    micro_batch,
+    tiny_vl,
+    vl_samples,
+    write_test_images,
+)
 
 
 def _stub(calls: list[int]) -> Any:
@@ -40,31 +43,18 @@ def _stub(calls: list[int]) -> Any:
     return varlen_attn
 
 
-def _build(implementation: str, tmp_path: Any, family: str = "qwen2_5_vl") -> tuple[Any, Any, Any]:
-    raw = {
-        "run": {"output_dir": str(tmp_path / "run")},
-        "model": {"adapter": family, "config": "tiny", "attn_implementation": implementation},
-        "data": {"train": {"format": "shapes", "num_samples": 4}},
-        "training": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 1, "lr": 1e-3},
-    }
-    config = load_config_dict(raw)
-    adapter = resolve_adapter(config.model, get_plugin_host().registries)
-    torch.manual_seed(0)
-    return adapter, adapter.build_model(config.model), adapter.build_assets(config.model)
-
-
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_one_call_per_layer_and_the_sdpa_loss(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    adapter, reference, assets = _build("sdpa", tmp_path, family)
+    adapter, reference, assets = tiny_vl(tmp_path, family, "sdpa")
     images = write_test_images(tmp_path / "images")
     samples = vl_samples(images)[:3]
     feats = [adapter.transform(s, assets, max_seq_len=4096) for s in samples]
     mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
     want = loss_and_grads(reference, micro_batch(feats, "packed", assets.pad_token_id))
 
-    _, model, _ = _build("flash_varlen", tmp_path, family)
+    _, model, _ = tiny_vl(tmp_path, family, "flash_varlen")
     calls: list[int] = []
     monkeypatch.setitem(flash_varlen.KERNELS, "cpu", flash_varlen.Kernel.of(_stub(calls)))
     got = loss_and_grads(model, mb)
@@ -86,7 +76,7 @@ def test_under_bf16_autocast_every_layer_calls_the_kernel_in_bf16(
     (the kernel has no fp32: before, these calls fell back to per-sample SDPA, silently)."""
     from hyper_core.attention.counts import AttentionCounts, counting
 
-    adapter, model, assets = _build("flash_varlen", tmp_path, family)
+    adapter, model, assets = tiny_vl(tmp_path, family, "flash_varlen")
     images = write_test_images(tmp_path / "images")
     feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:3]]
     mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
@@ -116,7 +106,7 @@ def test_fp32_without_autocast_falls_back_counted_and_logged_once(
     counted, the reason logged once."""
     from hyper_core.attention.counts import AttentionCounts, counting
 
-    adapter, model, assets = _build("flash_varlen", tmp_path)
+    adapter, model, assets = tiny_vl(tmp_path, attn_implementation="flash_varlen")
     images = write_test_images(tmp_path / "images")
     feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:2]]
     mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
@@ -137,8 +127,8 @@ def test_fp32_without_autocast_falls_back_counted_and_logged_once(
 
 
 def test_on_cpu_it_is_varlen(tmp_path: Any) -> None:
-    adapter, model, assets = _build("flash_varlen", tmp_path)
-    _, reference, _ = _build("varlen", tmp_path)
+    adapter, model, assets = tiny_vl(tmp_path, attn_implementation="flash_varlen")
+    _, reference, _ = tiny_vl(tmp_path, attn_implementation="varlen")
     images = write_test_images(tmp_path / "images")
     feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:2]]
     mb = micro_batch(feats, "packed", assets.pad_token_id, varlen_kwargs=True)
@@ -150,7 +140,7 @@ def test_real_kernel_gives_the_sdpa_loss_on_cuda(tmp_path: Any) -> None:
     """Tiny Qwen2.5-VL in bf16 on CUDA: torch's varlen kernel against SDPA, loss and grads."""
     results = []
     for implementation, varlen_kwargs in (("flash_varlen", True), ("sdpa", False)):
-        adapter, model, assets = _build(implementation, tmp_path)
+        adapter, model, assets = tiny_vl(tmp_path, attn_implementation=implementation)
         model.to("cuda", torch.bfloat16)
         images = write_test_images(tmp_path / "images")
         feats = [adapter.transform(s, assets, max_seq_len=4096) for s in vl_samples(images)[:3]]

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from hyper_core.resolve import resolve_adapter
-from hyper_core.config import load_config_dict
 from hyper_core.errors import ConfigError
 from hyper_core.parallel.liger import apply_liger_kernel
-from hyper_core.plugins import get_plugin_host
 from hyper_core.testing import run_tiny_training, tiny_text_config
-from hyper_core.testing.vl import loss_and_grads, micro_batch, vl_samples, write_test_images
+from hyper_core.testing.vl import (
+    loss_and_grads,
+    micro_batch,
+    tiny_vl,
+    vl_samples,
+    write_test_images,
+)
 
 
 def test_off_cuda_the_run_stops_naming_the_option(tmp_path: Path) -> None:
@@ -36,25 +38,12 @@ def test_without_the_package_the_error_says_what_to_install(
     assert path == "$.training.liger_kernel" and "pip install 'hyper-train[liger]'" in message
 
 
-def _build(tmp_path: Path) -> tuple[Any, Any, Any]:
-    raw = {
-        "run": {"output_dir": str(tmp_path / "run")},
-        "model": {"adapter": "qwen2_5_vl", "config": "tiny", "attn_implementation": "sdpa"},
-        "data": {"train": {"format": "shapes", "num_samples": 4}},
-        "training": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 1, "lr": 1e-3},
-    }
-    config = load_config_dict(raw)
-    adapter = resolve_adapter(config.model, get_plugin_host().registries)
-    torch.manual_seed(0)
-    return adapter, adapter.build_model(config.model), adapter.build_assets(config.model)
-
-
 @pytest.mark.gpu
 def test_liger_kernels_give_the_models_loss_and_gradients_on_cuda(tmp_path: Path) -> None:
     """Tiny Qwen2.5-VL, fp32 on CUDA: the reference first (liger's RoPE patch is process-wide)."""
     results = []
     for liger in (False, True):
-        adapter, model, assets = _build(tmp_path)
+        adapter, model, assets = tiny_vl(tmp_path)
         model.to("cuda")
         if liger:
             assert apply_liger_kernel(model, torch.device("cuda")) == "qwen2_5_vl"
