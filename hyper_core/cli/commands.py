@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
+from .data_show import add_show_options, cmd_data_show
 
 CORE_COMMANDS = ("run", "plugins", "config", "data", "export", "chat", "plot", "new-plugin")
 
@@ -54,13 +55,16 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         "data",
         help="check the training data without training",
         description="stats: read the training samples through the real transform (no model) "
-        "and print bad samples, tokens and images per sample, predicted padding and steps.",
+        "and print bad samples, tokens and images per sample, predicted padding and steps "
+        "(exit 3 when no sample is usable). show: one sample as the model sees it, its trained "
+        "tokens marked, each image as its token count.",
     )
     global_options(data)
-    data.add_argument("action", choices=["stats"])
+    data.add_argument("action", choices=["stats", "show"])
     data.add_argument("config", help="the TOML config")
     data.add_argument("--samples", type=int, default=None, help="read only the first N samples")
     data.add_argument("--json", action="store_true", help="machine-readable output")
+    add_show_options(data)
     _world_options(data)
     data.set_defaults(handler=cmd_data, accepts_overrides=True)
 
@@ -513,17 +517,27 @@ def _with_resolved_adapter(config: Any, host: Any) -> Any:
 # -- data -----------------------------------------------------------------------------------
 
 
+#: ``data stats`` read no usable sample.
+EXIT_NO_USABLE_DATA = 3
+
+
 def cmd_data(args: argparse.Namespace) -> int:
-    """``hyper-train data stats CONFIG [--samples N] [--json]``."""
+    """``hyper-train data stats CONFIG [--samples N] [--json]``, ``data show CONFIG``."""
     from ..config.world import NodeRange
     from ..data.stats import data_stats
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples: expected at least 1, got {args.samples}")
     config, host = load_run_config(args)
+    if args.action == "show":
+        return cmd_data_show(args, config, host)
     world = (args.nproc_per_node or 1) * NodeRange.parse(args.nnodes).min
     stats = data_stats(config, host, limit=args.samples, world_size=world)
     print(json.dumps(stats.to_json(), indent=2) if args.json else stats.render())
+    reason = stats.no_usable_reason()
+    if reason is not None:
+        print(f"hyper-train: error: {reason}", file=sys.stderr)
+        return EXIT_NO_USABLE_DATA
     return 0
 
 
