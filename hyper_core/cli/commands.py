@@ -207,6 +207,16 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, host
 
 
+def load_checked_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """:func:`load_run_config`, then the checks against this machine that a run needs (its
+    data files exist, its loggers are installed); an estimate needs neither."""
+    from ..config.preflight import check_environment
+
+    config, host = load_run_config(args)
+    check_environment(config, source=str(args.config))
+    return config, host
+
+
 # -- run ------------------------------------------------------------------------------------
 
 
@@ -398,7 +408,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     under_torchrun = "LOCAL_RANK" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         _torchrun_command(args)  # the launch options first
-        load_run_config(args)  # fail fast, once, on a bad config or one for another world size
+        load_checked_config(args)  # fail fast, once, on a bad config or another world size
         return _launch_torchrun(args)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
@@ -428,6 +438,8 @@ EXIT_STOPPED = -1
 
 
 def _run_here(args: argparse.Namespace) -> int:
+    from ..config.preflight import check_environment
+
     config, host = load_run_config(args)
     from ..builtin.resolve import named, resolve_adapter, resolve_strategy
 
@@ -439,11 +451,13 @@ def _run_here(args: argparse.Namespace) -> int:
         from ..batching.token_budget import check_token_budget
 
         check_token_budget(batching, config.data.max_tokens_per_micro_batch)
+        check_environment(config, source=str(args.config))  # after what the config names
         print(
             f"config ok: adapter {adapter.name}, batching {batching}, "
             f"strategy {config.parallel.strategy}"
         )
         return 0
+    check_environment(config, source=str(args.config))
     if args.trace_hooks:
         _trace_hooks(host)
     from ..trainer.progress import library_bars
@@ -490,7 +504,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     """``hyper-train config show|validate CONFIG``."""
     from ..config import dump_config
 
-    config, host = load_run_config(args)
+    config, host = load_checked_config(args) if args.action == "validate" else load_run_config(args)
     if args.action == "show":
         sys.stdout.write(dump_config(_with_resolved_adapter(config, host)))
     else:
@@ -528,7 +542,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples: expected at least 1, got {args.samples}")
-    config, host = load_run_config(args)
+    config, host = load_checked_config(args)
     if args.action == "show":
         return cmd_data_show(args, config, host)
     world = (args.nproc_per_node or 1) * NodeRange.parse(args.nnodes).min
