@@ -38,7 +38,8 @@ def test_every_missing_path_is_reported_at_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "images").mkdir()
-    train = f'[ "{DATA}/text_demo.jsonl", {{ path = "{tmp_path}/b.jsonl", image_dir = "{tmp_path}/imgs" }} ]'
+    second = f'{{ path = "{tmp_path}/b.jsonl", image_dir = "{tmp_path}/imgs" }}'
+    train = f'[ "{DATA}/text_demo.jsonl", {second} ]'
     code, err = errors(
         capsys,
         "config",
