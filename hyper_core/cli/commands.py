@@ -1,4 +1,4 @@
-"""The core's subcommands: run, plugins, config, data, export, chat, plot, new-plugin."""
+"""The core's subcommands: run, plugins, config, data, export, chat, predict, plot, new-plugin."""
 
 from __future__ import annotations
 
@@ -14,8 +14,19 @@ from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
 from .data_show import add_show_options, cmd_data_show
+from .predict import add_predict_command
 
-CORE_COMMANDS = ("run", "plugins", "config", "data", "export", "chat", "plot", "new-plugin")
+CORE_COMMANDS = (
+    "run",
+    "plugins",
+    "config",
+    "data",
+    "export",
+    "chat",
+    "predict",
+    "plot",
+    "new-plugin",
+)
 
 
 def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -119,6 +130,8 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     chat.add_argument("--adapter", default=None, help="the model adapter (for an export)")
     chat.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     chat.set_defaults(handler=cmd_chat)
+
+    add_predict_command(sub, global_options)
 
     plot = sub.add_parser("plot", help="draw loss, lr and throughput of a run to a PNG")
     global_options(plot)
