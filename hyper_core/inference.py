@@ -88,19 +88,53 @@ def generate_answer_ids(
     ``fixed_length``: run exactly ``max_new_tokens`` forwards whatever is generated, so that
     ranks of a sharded model, which all-gather in every forward, stay in step.
     """
+    (ids,) = generate_batch_ids(model, [prompt], settings, assets, fixed_length=fixed_length)
+    return ids
+
+
+def _left_padded(prompts: Sequence[GenerationPrompt], pad_id: int) -> dict[str, Any]:
+    """The prompts as one batch, each row left-padded (its attention mask 0 there): ids and
+    per-token fields padded, media concatenated in order as the model's forward takes them."""
+    import torch
+
+    feats = [p.features for p in prompts]
+    width = max(f.input_ids.shape[0] for f in feats)
+
+    def pad(rows: list[torch.Tensor], value: int) -> torch.Tensor:
+        return torch.stack(
+            [torch.nn.functional.pad(r, (width - r.shape[0], 0), value=value) for r in rows]
+        )
+
+    inputs: dict[str, Any] = {
+        "input_ids": pad([f.input_ids for f in feats], pad_id),
+        "attention_mask": pad([torch.ones_like(f.input_ids) for f in feats], 0),
+    }
+    for key in feats[0].token_fields:
+        inputs[key] = pad([f.token_fields[key] for f in feats], 0)
+    for key in {k for f in feats for k in f.media}:
+        inputs[key] = torch.cat([f.media[key] for f in feats if key in f.media])
+    return inputs
+
+
+def generate_batch_ids(
+    model: torch.nn.Module,
+    prompts: Sequence[GenerationPrompt],
+    settings: GenerationSettings,
+    assets: ModelAssets,
+    *,
+    fixed_length: bool = False,
+) -> list[list[int]]:
+    """For each prompt, the generated ids up to (without) its first end-of-turn token; the
+    prompts are generated as one left-padded batch (see :func:`generate_answer_ids`)."""
     import torch
     from transformers import GenerationConfig
 
-    features = prompt.features
     device = next(model.parameters()).device
-    inputs: dict[str, Any] = {
-        "input_ids": features.input_ids[None],
-        "attention_mask": torch.ones_like(features.input_ids)[None],
-        **{k: v[None] for k, v in features.token_fields.items()},
-        **features.media,
-    }
+    inputs = _left_padded(prompts, assets.pad_token_id)
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    stop = list(prompt.stop_token_ids)
+    stop: list[int] = []
+    for prompt in prompts:
+        stop += [int(t) for t in prompt.stop_token_ids if int(t) not in stop]
     eos = getattr(assets.tokenizer, "eos_token_id", None)
     if eos is not None and eos not in stop:
         stop.append(int(eos))
@@ -122,11 +156,11 @@ def generate_answer_ids(
             out = model.generate(**inputs, generation_config=config)
     finally:
         model.train(was_training)
-    new = [int(t) for t in out[0, features.input_ids.shape[0] :]]
-    for i, token in enumerate(new):
-        if token in stop:
-            return new[:i]
-    return new
+    answers = []
+    for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+        cut = next((i for i, token in enumerate(row) if token in stop), len(row))
+        answers.append([int(t) for t in row[:cut]])
+    return answers
 
 
 def decode(assets: ModelAssets, ids: Sequence[int]) -> str:

@@ -1,4 +1,4 @@
-"""The core's subcommands: run, plugins, config, data, export, chat, plot, new-plugin."""
+"""The core's subcommands: run, plugins, config, data, export, chat, predict, plot, new-plugin."""
 
 from __future__ import annotations
 
@@ -13,8 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
+from .data_show import add_show_options, cmd_data_show
+from .predict import add_predict_command
 
-CORE_COMMANDS = ("run", "plugins", "config", "data", "export", "chat", "plot", "new-plugin")
+CORE_COMMANDS = (
+    "run",
+    "plugins",
+    "config",
+    "data",
+    "export",
+    "chat",
+    "predict",
+    "plot",
+    "new-plugin",
+)
 
 
 def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -54,13 +66,16 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         "data",
         help="check the training data without training",
         description="stats: read the training samples through the real transform (no model) "
-        "and print bad samples, tokens and images per sample, predicted padding and steps.",
+        "and print bad samples, tokens and images per sample, predicted padding and steps "
+        "(exit 3 when no sample is usable). show: one sample as the model sees it, its trained "
+        "tokens marked, each image as its token count.",
     )
     global_options(data)
-    data.add_argument("action", choices=["stats"])
+    data.add_argument("action", choices=["stats", "show"])
     data.add_argument("config", help="the TOML config")
     data.add_argument("--samples", type=int, default=None, help="read only the first N samples")
     data.add_argument("--json", action="store_true", help="machine-readable output")
+    add_show_options(data)
     _world_options(data)
     data.set_defaults(handler=cmd_data, accepts_overrides=True)
 
@@ -115,6 +130,8 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     chat.add_argument("--adapter", default=None, help="the model adapter (for an export)")
     chat.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     chat.set_defaults(handler=cmd_chat)
+
+    add_predict_command(sub, global_options)
 
     plot = sub.add_parser("plot", help="draw loss, lr and throughput of a run to a PNG")
     global_options(plot)
@@ -202,6 +219,16 @@ def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
     nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
     strategy = strategy_class(config, host.registries)
     check_world(config, nproc, nnodes, source=str(args.config), strategy=strategy)
+    return config, host
+
+
+def load_checked_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """:func:`load_run_config`, then the checks against this machine that a run needs (its
+    data files exist, its loggers are installed); an estimate needs neither."""
+    from ..config.preflight import check_environment
+
+    config, host = load_run_config(args)
+    check_environment(config, source=str(args.config))
     return config, host
 
 
@@ -396,7 +423,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     under_torchrun = "LOCAL_RANK" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         _torchrun_command(args)  # the launch options first
-        load_run_config(args)  # fail fast, once, on a bad config or one for another world size
+        load_checked_config(args)  # fail fast, once, on a bad config or another world size
         return _launch_torchrun(args)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
@@ -426,6 +453,8 @@ EXIT_STOPPED = -1
 
 
 def _run_here(args: argparse.Namespace) -> int:
+    from ..config.preflight import check_environment
+
     config, host = load_run_config(args)
     from ..resolve import named, resolve_adapter, resolve_strategy
 
@@ -437,11 +466,13 @@ def _run_here(args: argparse.Namespace) -> int:
         from ..batching.token_budget import check_token_budget
 
         check_token_budget(batching, config.data.max_tokens_per_micro_batch)
+        check_environment(config, source=str(args.config))  # after what the config names
         print(
             f"config ok: adapter {adapter.name}, batching {batching}, "
             f"strategy {config.parallel.strategy}"
         )
         return 0
+    check_environment(config, source=str(args.config))
     if args.trace_hooks:
         _trace_hooks(host)
     from ..trainer.progress import library_bars
@@ -488,7 +519,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     """``hyper-train config show|validate CONFIG``."""
     from ..config import dump_config
 
-    config, host = load_run_config(args)
+    config, host = load_checked_config(args) if args.action == "validate" else load_run_config(args)
     if args.action == "show":
         sys.stdout.write(dump_config(_with_resolved_adapter(config, host)))
     else:
@@ -515,17 +546,27 @@ def _with_resolved_adapter(config: Any, host: Any) -> Any:
 # -- data -----------------------------------------------------------------------------------
 
 
+#: ``data stats`` read no usable sample.
+EXIT_NO_USABLE_DATA = 3
+
+
 def cmd_data(args: argparse.Namespace) -> int:
-    """``hyper-train data stats CONFIG [--samples N] [--json]``."""
+    """``hyper-train data stats CONFIG [--samples N] [--json]``, ``data show CONFIG``."""
     from ..config.world import NodeRange
     from ..trainer.data_stats import data_stats
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples: expected at least 1, got {args.samples}")
-    config, host = load_run_config(args)
+    config, host = load_checked_config(args)
+    if args.action == "show":
+        return cmd_data_show(args, config, host)
     world = (args.nproc_per_node or 1) * NodeRange.parse(args.nnodes).min
     stats = data_stats(config, host, limit=args.samples, world_size=world)
     print(json.dumps(stats.to_json(), indent=2) if args.json else stats.render())
+    reason = stats.no_usable_reason()
+    if reason is not None:
+        print(f"hyper-train: error: {reason}", file=sys.stderr)
+        return EXIT_NO_USABLE_DATA
     return 0
 
 

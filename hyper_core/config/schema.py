@@ -182,12 +182,13 @@ class ModelConfig(_Section):
         return problems
 
 
-_INFERRED_FORMATS = {".jsonl": "jsonl", ".json": "jsonl"}
+_INFERRED_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
 
 def infer_format(path: str) -> str | None:
     """The data format implied by a file name (``.jsonl``/``.json`` → ``jsonl``, which reads
-    JSON lines or a JSON array), else None."""
+    JSON lines or a JSON array; ``.parquet`` → ``parquet``, a file or a directory of them),
+    else None."""
     return _INFERRED_FORMATS.get(pathlib.PurePath(path).suffix.lower())
 
 
@@ -248,7 +249,8 @@ def _structure_data_source(value: Any, _: Any) -> DataSource:
         fmt = infer_format(value)
         if fmt is None:
             raise Invalid(
-                f"cannot infer the format of {value!r} from its extension (.jsonl or .json); "
+                f"cannot infer the format of {value!r} from its extension (.jsonl, .json or "
+                ".parquet); "
                 f'use a table like {{ format = "...", path = {json.dumps(value)} }}'
             )
         return DataSource(format=fmt, path=value)
@@ -328,7 +330,8 @@ class DataConfig(_Section):
 
     train: DataSources = attrs.field(
         metadata=meta(
-            "Training data: a `.jsonl`/`.json` path (JSON lines, or a JSON array in `.json`), "
+            "Training data: a `.jsonl`/`.json` path (JSON lines, or a JSON array in `.json`) or a "
+            "`.parquet` path (a file, or a directory of `*.parquet` files), "
             "a `{ format = ... }` table, or an array of these, read one after the other. A "
             "path may be a glob (`b/*.jsonl`, its files in sorted order). A table's `weight` "
             "(default 1) is how many times each of its samples appears per epoch; a "

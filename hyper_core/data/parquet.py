@@ -131,11 +131,20 @@ def load_parquet_format(
     base_dir: str | Path | None = None,
 ) -> Sequence[RawSample]:
     """The ``parquet`` format: one Parquet file (a glob is expanded before, into one source per
-    file), rows read lazily."""
+    file) or a directory of them (its ``*.parquet`` files, recursively, in sorted order, as
+    Spark and ``pandas`` write a partitioned table), rows read lazily."""
+    from .sources import Concat
+
     import_pyarrow()
-    return _limited(
-        ArrowRows(_resolve(path, base_dir, "parquet"), "parquet"), options or ParquetOptions()
-    )
+    options = options or ParquetOptions()
+    resolved = _resolve(path, base_dir, "parquet")
+    if not resolved.is_dir():
+        return _limited(ArrowRows(resolved, "parquet"), options)
+    files = sorted(f for f in resolved.rglob("*.parquet") if f.is_file())
+    if not files:
+        raise DataError(f"{resolved}: a directory without *.parquet files")
+    parts = [ArrowRows(f, "parquet") for f in files]
+    return _limited(parts[0] if len(parts) == 1 else Concat(parts), options)
 
 
 def load_hf_format(

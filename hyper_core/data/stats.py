@@ -44,10 +44,12 @@ class SampleCounts:
 
 @attrs.frozen
 class BadSample:
-    """A sample the transform skipped, by reason and ``file:line``."""
+    """A sample the transform skipped, by reason and ``file:line``, and what exactly is wrong
+    (e.g. the resolved path of a missing image)."""
 
     reason: str
     where: str
+    message: str = ""
 
 
 @attrs.frozen
@@ -340,11 +342,32 @@ class DataStats:
         """Optimizer steps in one epoch over every sample of the data set (drop_last)."""
         return self.samples_total // self.batching.global_batch_size
 
+    @property
+    def usable(self) -> int:
+        """Samples read that the transform kept."""
+        return len(self.samples)
+
+    def no_usable_reason(self) -> str | None:
+        """One line saying why no sample read is usable, or None when one is."""
+        if self.samples:
+            return None
+        if not self.samples_read:
+            return "the training data has no samples"
+        reasons = ", ".join(f"{r}={e['count']}" for r, e in self.bad_by_reason().items())
+        first = self.bad[0]
+        return (
+            f"no usable sample: all {self.samples_read} read are bad ({reasons}); e.g. "
+            f"{first.where}: {first.reason}: {first.message}"
+        )
+
     def bad_by_reason(self) -> dict[str, dict[str, Any]]:
-        """``reason -> {count, first: [file:line, ...]}``, most frequent first."""
+        """``reason -> {count, first: [file:line, ...], example: "file:line: message"}``, most
+        frequent first; ``example`` is the first sample of that reason, with what is wrong."""
         out: dict[str, dict[str, Any]] = {}
         for b in self.bad:
-            entry = out.setdefault(b.reason, {"count": 0, "first": []})
+            entry = out.setdefault(
+                b.reason, {"count": 0, "first": [], "example": f"{b.where}: {b.message}"}
+            )
             entry["count"] += 1
             if len(entry["first"]) < MAX_WHERE:
                 entry["first"].append(b.where)
@@ -398,6 +421,10 @@ class DataStats:
         for reason, entry in self.bad_by_reason().items():
             more = ", ..." if entry["count"] > len(entry["first"]) else ""
             lines.append(f"  {reason}: {entry['count']} ({', '.join(entry['first'])}{more})")
+            lines.append(f"    e.g. {entry['example']}")
+        if not self.samples:
+            lines.append("no usable samples: no tokens, padding or steps to predict")
+            return "\n".join(lines)
         lines.append("per sample        min  median     p90     max     total")
         has_videos = any(c.videos for c in self.samples)
         for name, s in self.summaries().items():
@@ -478,7 +505,7 @@ def collect_stats(
     for i in range(n):
         item = dataset[i]
         if isinstance(item, Skipped):
-            bad.append(BadSample(item.reason, item.where()))
+            bad.append(BadSample(item.reason, item.where(), item.message))
             lengths.append(None)
         else:
             counts = sample_counts(item, image_token_id, video_token_id)

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from ..batching.token_budget import check_token_budget
 from ..data.stats import Batching, DataStats, collect_stats
 
 
-def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1) -> DataStats:
-    """The train data's stats through the plugin host's asset, transform and dataset stages,
-    without building the model."""
-    from ..batching.resolve import resolve_runtime
+@attrs.frozen
+class PreparedData:
+    """The adapter, its assets and the datasets a run would read, without the model."""
+
+    adapter: Any
+    assets: Any
+    datasets: Any
+
+
+def prepare_data(config: Any, host: Any) -> PreparedData:
+    """The train (and eval) datasets through the plugin host's asset, transform and dataset
+    stages, as a run builds them, without building the model."""
     from ..parallel.env import DistEnv
     from ..resolve import resolve_adapter
 
@@ -28,6 +38,16 @@ def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1
         dist=DistEnv(),
         registries=host.registries,
     )
+    return PreparedData(adapter, assets, datasets)
+
+
+def data_stats(config: Any, host: Any, *, limit: int | None, world_size: int = 1) -> DataStats:
+    """The train data's stats through the plugin host's asset, transform and dataset stages,
+    without building the model."""
+    from ..batching.resolve import resolve_runtime
+
+    prepared = prepare_data(config, host)
+    adapter, assets, datasets = prepared.adapter, prepared.assets, prepared.datasets
     runtime = resolve_runtime(config, adapter, assets, host.registries)
     check_token_budget(runtime.name, config.data.max_tokens_per_micro_batch)
     t = config.training

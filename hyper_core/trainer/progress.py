@@ -88,14 +88,7 @@ class Progress:
     def on_evaluate(self, metrics: dict[str, Any]) -> None:
         if self.mode == "none":
             return
-        accs = "  ".join(
-            f"{k.removeprefix('accuracy_')} {v:.3f}"
-            for k, v in metrics.items()
-            if k.startswith("accuracy_")
-        )
-        msg = f"eval step {metrics.get('step')}: loss {metrics['eval_loss']:.4f}"
-        if accs:
-            msg += f"  accuracy: {accs}"
+        msg = eval_line(metrics)
         if self._bar is not None:
             self._bar.write(msg, file=sys.stderr)
         else:
@@ -115,3 +108,21 @@ class Progress:
             self._logs_above_bar = None
         if self._bar is not None:
             self._bar.close()
+
+
+def eval_line(metrics: dict[str, Any]) -> str:
+    """The console line of one evaluation: loss, perplexity, token accuracy, then the answer
+    accuracy per question type when the eval generates answers."""
+    msg = f"eval step {metrics.get('step')}: loss {metrics['eval_loss']:.4f}"
+    if metrics.get("perplexity") is not None:
+        msg += f"  ppl {metrics['perplexity']:.3g}"
+    if metrics.get("token_accuracy") is not None:
+        msg += f"  token_acc {metrics['token_accuracy']:.3f}"
+    accs = "  ".join(
+        f"{k.removeprefix('accuracy_')} {v:.3f}"
+        for k, v in metrics.items()
+        if k.startswith("accuracy_")
+    )
+    if accs:
+        msg += f"  accuracy: {accs}"
+    return msg

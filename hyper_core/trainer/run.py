@@ -16,39 +16,71 @@ from typing import Any
 
 from ..errors import UserError
 from ..parallel.env import torchrun_env
-from ..run_lock import RunLock
+from ..run_lock import LOCK_NAME, RunLock
 from .trainer import Trainer
 
 log = logging.getLogger("hyper_train")
 
 
-def prepare_output_dir(out: Path) -> None:
-    """Create ``out``; :class:`UserError` when it cannot be a writable directory."""
+def prepare_output_dir(out: Path) -> Path | None:
+    """Create ``out``; :class:`UserError` when it cannot be a writable directory. Returns the
+    outermost directory this call created (``out`` or an ancestor), None if ``out`` existed."""
     if out.exists() and not out.is_dir():
         raise UserError(f"$.run.output_dir: {out} exists and is not a directory")
+    created = None
+    for parent in (out, *out.parents):
+        if parent.exists():
+            break
+        created = parent
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"$.run.output_dir: cannot create {out}: {exc.strerror}") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise UserError(f"$.run.output_dir: {out} is not writable")
+    return created
+
+
+def _forget_failed_start(out: Path, lock: RunLock, created: Path | None) -> None:
+    """After a run that failed before writing anything: no ``output_dir`` holding only its lock
+    file. The lock file goes while still held (no other run can be between), then the
+    directories this run created, if they are empty."""
+    if [p.name for p in out.iterdir()] != [LOCK_NAME]:
+        return
+    lock.path.unlink(missing_ok=True)
+    lock.release()
+    if created is None:
+        return
+    for directory in (out, *out.parents):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        if directory == created:
+            return
 
 
 def run_training(config: Any, host: Any) -> Trainer:
     """Train per ``config`` with the plugins of ``host``; returns the finished trainer.
 
     The main process (rank 0) holds ``output_dir`` (:class:`RunLock`) from before the model is
-    built to the end; another run into it is a :class:`UserError`.
+    built to the end; another run into it is a :class:`UserError`. A run that fails before
+    writing anything there leaves no directory it created (nor its lock file).
     """
     env = torchrun_env()
     lock = None
+    out = Path(config.run.output_dir)
+    created = None
     if env is None or env["rank"] == 0:
-        out = Path(config.run.output_dir)
-        prepare_output_dir(out)
+        created = prepare_output_dir(out)
         lock = RunLock(out)
         lock.acquire()
     try:
         return _train(config, host)
+    except BaseException:
+        if lock is not None:
+            _forget_failed_start(out, lock, created)
+        raise
     finally:
         if lock is not None:
             lock.release()

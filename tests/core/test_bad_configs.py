@@ -86,7 +86,7 @@ def test_bad_config_is_rejected(path: pathlib.Path) -> None:
         (["--training.lrr=1"], ["$.training.lrr", "did you mean 'lr'?"]),
         (["--training.epochs=3"], ["$.training", "only one of 'steps' and 'epochs'"]),
         (["--model.dtype=fp16"], ["$.model.dtype", "'bfloat16'"]),
-        (["--data.train=data.parquet"], ["$.data.train", "cannot infer the format"]),
+        (["--data.train=data.csv"], ["$.data.train", "cannot infer the format"]),
         (["--encoder_parallel.enabled=true"], ["$.encoder_parallel", "pip install"]),
         (["--training.lr.value=1"], ["$.training.lr", "not a table"]),
         (["--training.lr"], ["$.training.lr", "has no value"]),

@@ -190,3 +190,33 @@ def test_data_stats_reads_parquet_and_names_bad_rows(
     assert code == 0, err
     assert out.splitlines()[0] == "samples: 12 read of 12, 9 usable, 3 bad"
     assert f"  bad_format: 3 ({data}[2], {data}[2], {data}[2])" in out.splitlines()
+
+
+def test_a_parquet_path_or_directory_needs_no_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(5)
+    ]
+    single = tmp_path / "one.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[:2]), single)
+    table = tmp_path / "table.parquet"  # a partitioned table, as Spark writes one
+    (table / "part=b").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows[2:4]), table / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[4:]), table / "part=b" / "part-1.parquet")
+    (table / "_SUCCESS").write_text("")
+    for path, n in ((single, 2), (table, 3)):
+        code = main(["data", "stats", TEXT_CONFIG, f"--data.train={path}", "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert json.loads(out)["samples"]["usable"] == n
+    # Rows in the files' sorted order, each with its own file as provenance.
+    loaded = load_parquet_format(str(table))
+    sources = [loaded[i]["_source"] for i in range(len(loaded))]
+    assert sources == [
+        {"file": str(table / "part-0.parquet"), "index": 0},
+        {"file": str(table / "part-0.parquet"), "index": 1},
+        {"file": str(table / "part=b" / "part-1.parquet"), "index": 0},
+    ]
+    assert [loaded[i]["messages"][0]["content"] for i in range(3)] == ["Q2", "Q3", "Q4"]

@@ -65,6 +65,10 @@ def test_bad_lines_are_counted_by_reason_with_file_and_line(
     assert out.splitlines()[0] == "samples: 20 read of 20, 16 usable, 4 bad"
     assert f"  invalid_json: 3 ({data}:3, {data}:10, {data}:15)" in out.splitlines()
     assert f"  bad_format: 1 ({data}:6)" in out.splitlines()
+    # Each reason shows its first sample and what is wrong with it.
+    lines = out.splitlines()
+    example = lines[lines.index(f"  bad_format: 1 ({data}:6)") + 1]
+    assert example.startswith(f"    e.g. {data}:6: ") and "object" in example, example
 
 
 def test_a_missing_data_file_is_one_line_exit_2(
@@ -102,7 +106,10 @@ def test_json_numbers_equal_a_hand_computation(
     loss = sorted(int((f.labels != IGNORE_INDEX).sum()) for f in good)
     assert len(set(tokens)) > 1  # the test data has different lengths
     assert report["samples"] == {"total": 7, "read": 7, "usable": 6, "bad": 1}
-    assert report["bad"] == {"invalid_json": {"count": 1, "first": [f"{data}:4"]}}
+    assert list(report["bad"]) == ["invalid_json"]
+    assert report["bad"]["invalid_json"]["count"] == 1
+    assert report["bad"]["invalid_json"]["first"] == [f"{data}:4"]
+    assert report["bad"]["invalid_json"]["example"].startswith(f"{data}:4: ")
     # median: the lower middle value (index 2 of 6); p90: nearest rank ceil(5.4) = 6th value.
     assert report["per_sample"]["tokens"] == {
         "min": tokens[0],
@@ -181,3 +188,20 @@ def test_micro_batch_groups_split_each_step_by_rank() -> None:
     batching = Batching(global_batch_size=4, micro_batch_size=2, world_size=2)
     groups = list(micro_batch_groups([1, 2, None, 4, 5, 6, 7], batching))
     assert groups == [[1, 2], [4], [5], [6, 7]]
+
+
+def test_no_usable_sample_exits_3_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_data(tmp_path / "train.jsonl", 20, {i: "{bad" for i in range(20)})
+    code, out, err = stats(capsys, f"--data.train={data}")
+    assert code == 3
+    (line,) = err.splitlines()
+    assert line.startswith(
+        "hyper-train: error: no usable sample: all 20 read are bad (invalid_json=20); "
+        f"e.g. {data}:1: invalid_json: "
+    ), line
+    assert "steps per epoch" not in out
+    assert out.splitlines()[0] == "samples: 20 read of 20, 0 usable, 20 bad"
+    code, out, _ = stats(capsys, f"--data.train={data}", "--json")
+    assert code == 3 and json.loads(out)["samples"]["usable"] == 0

@@ -99,3 +99,24 @@ def test_a_failed_run_gives_the_output_dir_back(tmp_path: Path) -> None:
         run_training(config, host)
     with RunLock(tmp_path):
         pass
+
+
+def test_a_run_that_fails_at_start_leaves_no_lock_only_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyper_core.cli import main
+
+    out = tmp_path / "runs" / "new"
+    config = tmp_path / "c.toml"
+    config.write_text(dump_config(load_config_dict(tiny_text_config(out))))
+    # Fails after taking the lock: more samples per step than the data has.
+    assert main(["run", str(config), "--training.global_batch_size=100000"]) == 2
+    assert "fewer than one global batch" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # every directory it created is gone
+    # A directory that was there before stays, without the lock file; one with content keeps it.
+    out.mkdir(parents=True)
+    assert main(["run", str(config), "--training.global_batch_size=100000"]) == 2
+    assert out.is_dir() and list(out.iterdir()) == []
+    (out / "notes.txt").write_text("mine")
+    assert main(["run", str(config), "--training.global_batch_size=100000"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == [".hyper-train.lock", "notes.txt"]

@@ -100,6 +100,51 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_draws_the_eval_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    from hyper_core.cli import main
+    from hyper_core.data.text_demo import ensure_text_demo
+    from hyper_core.trainer.plot import eval_series, read_evals
+
+    config = tiny_text_config(
+        tmp_path,
+        data={"eval": str(ensure_text_demo("eval")), "eval_samples": 8},
+        training={"eval_every_steps": 2},
+    )
+    run_tiny_training(config, steps=4)
+    evals = read_evals(tmp_path)
+    assert [e["step"] for e in evals] == [2, 4]
+    drawn: list[tuple[list[float], list[float], object]] = []
+    plot = matplotlib.axes.Axes.plot
+
+    def record(self: object, *args: object, **kwargs: object) -> object:
+        drawn.append((list(args[0]), list(args[1]), kwargs.get("label")))  # type: ignore[call-overload]
+        return plot(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    assert main(["plot", str(tmp_path)]) == 0
+    curves = {label: (x, y) for x, y, label in drawn}
+    assert curves["eval"] == eval_series(evals, "eval_loss")
+    assert curves["eval"][1] == [e["eval_loss"] for e in evals]
+    assert curves["token_accuracy"] == ([2, 4], [e["token_accuracy"] for e in evals])
+
+
+def test_the_console_eval_line_has_perplexity_and_token_accuracy() -> None:
+    from hyper_core.trainer.progress import eval_line
+
+    metrics = {
+        "step": 40,
+        "eval_loss": 1.25,
+        "perplexity": 3.4903,
+        "token_accuracy": 0.6125,
+        "accuracy_colour": 0.5,
+    }
+    assert eval_line(metrics) == (
+        "eval step 40: loss 1.2500  ppl 3.49  token_acc 0.613  accuracy: colour 0.500"
+    )
+
+
 def test_trace_hooks_logs_every_hook_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from hyper_core.cli import main
 

@@ -104,7 +104,9 @@ def test_recipe_header_states_the_estimate(
 def test_recipes_use_fp32_master_weights(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     from hyper_core.config import load_config
 
-    assert main(["config", "validate", str(CONFIGS / name)]) == 0
+    data = CONFIGS / "data" / "text_demo.jsonl"  # the recipe's data is the user's to supply
+    overrides = [f"--data.train={data}", f"--data.eval={data}"]
+    assert main(["config", "validate", str(CONFIGS / name), *overrides]) == 0
     assert ": ok" in capsys.readouterr().out
     cfg = load_config(CONFIGS / name, [], {})
     assert (cfg.model.dtype, cfg.training.mixed_precision) == ("float32", "bf16")

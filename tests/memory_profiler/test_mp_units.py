@@ -178,3 +178,23 @@ def test_listed_by_plugins_json() -> None:
     assert record["distribution"] == "hyper-train-memory-profiler"
     assert record["registers"] == {"config section": ["memory_profiler"], "command": ["memory"]}
     assert "build_callbacks" in record["hooks"]  # its per-run object has the events
+
+
+def test_the_reason_the_data_was_not_read_is_cut_at_a_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hyper_core.data.stats
+    from hyper_core.errors import UserError
+    from hyper_memory_profiler.cli import REASON_CHARS, label_fraction_of_data
+
+    words = ["$.model:", *(f"word{i:02d}" for i in range(40))]
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise UserError(" ".join(words) + "\nsecond line")
+
+    monkeypatch.setattr(hyper_core.data.stats, "data_stats", unreadable)
+    _, source = label_fraction_of_data(None, None)
+    reason = source.removeprefix("default; the data was not read: ")
+    assert len(reason) <= REASON_CHARS and reason.endswith(" ...")
+    kept = reason.removesuffix(" ...").split(" ")
+    assert kept == words[: len(kept)]  # whole words, in order

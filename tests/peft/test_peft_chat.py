@@ -1,7 +1,7 @@
-"""``hyper-train chat`` (and ``export``) from every way of naming a trained model, full
-fine-tuning and LoRA alike: the run folder, ``checkpoints/step-N``, the ``latest`` pointer and
-an export (for LoRA the adapter directory of a base built from a named config, which records
-its run's config). Each gives the trained model's logits and its answer."""
+"""``hyper-train chat`` and ``predict`` (and ``export``) from every way of naming a trained
+model, full fine-tuning and LoRA alike: the run folder, ``checkpoints/step-N``, the ``latest``
+pointer and an export (for LoRA the adapter directory of a base built from a named config,
+which records its run's config). Each gives the trained model's logits and its answer."""
 
 from __future__ import annotations
 
@@ -106,6 +106,29 @@ def test_chat_answers_with_the_trained_model(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out == f"{run['answer']}\n"
+
+
+@pytest.mark.parametrize("where", WHERES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_predict_answers_with_the_trained_model(
+    kind: str,
+    where: str,
+    runs: dict[str, dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = runs[kind]
+    data = tmp_path / "test.jsonl"
+    turns = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "once"}]
+    data.write_text(json.dumps({"messages": turns}) + "\n")
+    out = tmp_path / "preds.jsonl"
+    capsys.readouterr()
+    path = str(run["paths"][where])
+    code = main(["predict", path, "--data", str(data), "--out", str(out), "--max-new-tokens=6"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["prediction"] == run["answer"] and record["reference"] == "once"
 
 
 @pytest.mark.parametrize("command", ["chat", "export"])

@@ -17,7 +17,16 @@ CONFIG_7B = QWEN2_5_VL["qwen2.5-vl-7b"]
 
 
 def test_recipe_validates(capsys) -> None:
-    assert main(["config", "validate", str(RECIPE)]) == 0
+    # The recipe names the user's data, which is not here: validate says so.
+    assert main(["config", "validate", str(RECIPE)]) == 2
+    err = capsys.readouterr().err
+    assert f"$.data.train: data file not found: {RECIPE.parent}/data/train.jsonl" in err
+    assert f"$.data.eval: data file not found: {RECIPE.parent}/data/eval.jsonl" in err
+    data = RECIPE.parent / "data" / "text_demo.jsonl"
+    assert (
+        main(["config", "validate", str(RECIPE), f"--data.train={data}", f"--data.eval={data}"])
+        == 0
+    )
     assert "ok" in capsys.readouterr().out
 
 

@@ -263,6 +263,10 @@ def fit_hints(config: Any, world_size: int) -> list[str]:
     return hints
 
 
+#: The longest reason the estimate gives for not reading the data.
+REASON_CHARS = 100
+
+
 def label_fraction_of_data(config: Any, host: Any) -> tuple[float, str]:
     """The share of label tokens in the first :data:`LABEL_SAMPLES` training samples (read
     through the run's transform, as ``data stats`` does) and where it came from; the default
@@ -273,9 +277,10 @@ def label_fraction_of_data(config: Any, host: Any) -> tuple[float, str]:
     try:
         stats = data_stats(config, host, limit=LABEL_SAMPLES)
     except (UserError, OSError, ValueError, ImportError) as exc:
+        import textwrap
+
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        if len(reason) > 100:
-            reason = reason[:97] + "..."
+        reason = textwrap.shorten(reason, REASON_CHARS, placeholder=" ...")  # at a word's end
         return DEFAULT_LABEL_FRACTION, f"default; the data was not read: {reason}"
     tokens = sum(c.tokens for c in stats.samples)
     if not tokens:
