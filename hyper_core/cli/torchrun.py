@@ -1,7 +1,7 @@
 """``python -m hyper_core.cli.torchrun``: ``torch.distributed.run`` without its own report of
 failed ranks (its log lines and the ``ChildFailedError`` traceback).
 
-The launcher (:func:`hyper_core.cli.commands._launch_torchrun`) names failed ranks once, from
+The launcher (:func:`hyper_core.cli.launch.launch_torchrun`) names failed ranks once, from
 the status files the ranks write; torchrun's report would repeat each error in a traceback.
 Only a rank killed by a signal, which writes no status, is reported here. ``--debug`` runs the
 plain ``torch.distributed.run`` instead.

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hyper_core.cli.commands import QUIET_TORCHRUN, _launcher_exit_code, _torchrun_command
+from hyper_core.cli.launch import QUIET_TORCHRUN, launcher_exit_code, torchrun_command
 from hyper_core.errors import UserError
 
 
@@ -29,9 +29,9 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_single_node_is_standalone() -> None:
-    cmd = _torchrun_command(_args())
+    cmd = torchrun_command(_args())
     assert cmd[1:4] == ["-m", QUIET_TORCHRUN, "--nproc-per-node=2"]
-    assert _torchrun_command(_args(debug=True))[1:3] == ["-m", "torch.distributed.run"]
+    assert torchrun_command(_args(debug=True))[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in cmd
     tail = cmd[cmd.index("hyper_core") - 1 :]
     assert tail == [
@@ -41,7 +41,7 @@ def test_single_node_is_standalone() -> None:
 
 
 def test_multi_node_options_pass_through() -> None:
-    cmd = _torchrun_command(
+    cmd = torchrun_command(
         _args(nnodes="2", node_rank=1, rdzv_endpoint="host:29400", rdzv_id="job7")
     )
     for part in (
@@ -57,7 +57,7 @@ def test_multi_node_options_pass_through() -> None:
 
 def test_multi_node_without_an_endpoint_is_a_user_error() -> None:
     with pytest.raises(UserError, match="--rdzv-endpoint"):
-        _torchrun_command(_args(nnodes="2"))
+        torchrun_command(_args(nnodes="2"))
 
 
 def _status(rank: int, status: str, t: float = 0.0, **kw: object) -> dict[str, object]:
@@ -66,18 +66,18 @@ def _status(rank: int, status: str, t: float = 0.0, **kw: object) -> dict[str, o
 
 def test_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     ok = {0: _status(0, "ok"), 1: _status(1, "stopped")}
-    assert _launcher_exit_code(0, ok, 2) == 0
+    assert launcher_exit_code(0, ok, 2) == 0
     # torchrun itself signalled (non-zero) but every rank stopped cleanly: success.
-    assert _launcher_exit_code(1, ok, 2) == 0
+    assert launcher_exit_code(1, ok, 2) == 0
     # A rank with no status (killed): failure, and named.
-    assert _launcher_exit_code(1, {0: _status(0, "ok")}, 2) == 1
+    assert launcher_exit_code(1, {0: _status(0, "ok")}, 2) == 1
     assert "local rank(s) 1" in capsys.readouterr().err
     failed = {
         0: _status(0, "failed", 2.0, error="RuntimeError: peer closed"),
         1: _status(1, "failed", 1.0, error="RuntimeError: boom"),
     }
-    assert _launcher_exit_code(1, failed, 2) == 1
+    assert launcher_exit_code(1, failed, 2) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "hyper-train: rank 1 (first) failed: RuntimeError: boom"
     user = {0: _status(0, "failed", error="ConfigError: bad", user_error=True)}
-    assert _launcher_exit_code(1, user, 1) == 2
+    assert launcher_exit_code(1, user, 1) == 2
