@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
+from ..parallel.rank_status import reported_by_launcher
 from . import launch
 
 CORE_COMMANDS = ("run", "plugins", "config", "data", "export", "chat", "plot", "new-plugin")
@@ -239,8 +240,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     under_torchrun = "LOCAL_RANK" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         launch.torchrun_command(args)  # the launch options first
-        load_run_config(args)  # fail fast, once, on a bad config or one for another world size
-        return launch.launch_torchrun(args)
+        # Fail fast, once, on a bad config or one for another world size.
+        config, _ = load_run_config(args)
+        return launch.launch_torchrun(args, config.training.stall_timeout_s)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
         return 0
@@ -252,7 +254,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         return exc.exit_code  # the launcher prints it, once for all ranks
     except BaseException as exc:
-        launch.write_status("failed", exc)
+        if launch.write_status("failed", exc) and reported_by_launcher(exc) and not args.debug:
+            return 1  # a lost peer, a dead data worker: the launcher's report names it
         import logging
 
         world = os.environ.get("WORLD_SIZE", "?")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..parallel.rank_status import STATUS_DIR_ENV, read_records, write_status
 
-#: Set by the launcher for its ranks: where each rank writes how it ended (rank-R.json).
-STATUS_DIR_ENV = "HYPER_TRAIN_STATUS_DIR"
+__all__ = ["QUIET_TORCHRUN", "STATUS_DIR_ENV", "launch_torchrun", "write_status"]
 
 
 #: The module that runs torchrun without its own failure report (see its docstring).
@@ -75,36 +75,278 @@ def _child_pids(pid: int) -> list[int]:
     return children
 
 
-def read_statuses(status_dir: Path) -> dict[int, dict[str, Any]]:
-    statuses = {}
-    for f in status_dir.glob("rank-*.json"):
-        try:
-            record = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        statuses[int(record["rank"])] = record
-    return statuses
+#: How a signal that killed a rank is explained.
+_SIGNAL_HINTS = {
+    "SIGKILL": "out of memory?",
+    "SIGSEGV": "a crash in native code",
+    "SIGBUS": "a crash in native code, or shared memory full?",
+    "SIGABRT": "aborted by native code",
+    "SIGTERM": "terminated",
+    "SIGINT": "interrupted",
+    "SIGHUP": "terminal closed",
+}
+
+#: A frozen process's state letter in ``/proc/PID/stat``, explained.
+_PROCESS_STATES = {
+    "T": "stopped by a signal (SIGSTOP?)",
+    "t": "stopped by a debugger",
+    "D": "in uninterruptible I/O (a hung file system or device?)",
+    "Z": "exited",
+}
+
+#: Signals that stop a launch: the first stops every rank after its step, a second forces.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
-def launcher_exit_code(rc: int, statuses: dict[int, dict[str, Any]], nproc: int) -> int:
-    """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
-    exits non-zero), 2 when the ranks failed on a user error, else 1; names failed ranks
-    (an error several ranks share once, with the first rank that failed)."""
-    failed = sorted(
-        (r for r in statuses.values() if r["status"] == "failed"), key=lambda r: r["time"]
-    )
-    printed: set[str] = set()
-    for i, record in enumerate(failed):
-        if record["error"] in printed:
-            continue  # the same error on another rank: said once
-        printed.add(record["error"])
-        first = " (first)" if i == 0 and len(failed) > 1 else ""
-        print(
-            f"hyper-train: rank {record['rank']}{first} failed: {record['error']}",
-            file=sys.stderr,
+def _process_state(pid: int) -> str | None:
+    """``/proc/PID/stat``'s state letter, or None when the process is gone (or not Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _signal_text(number: int) -> str:
+    import signal
+
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    hint = _SIGNAL_HINTS.get(name)
+    return f"signal {number} ({name}{': ' + hint if hint else ''})"
+
+
+def _die_with_parent() -> None:
+    """In torchrun's process: SIGTERM it when the launcher dies (it runs in its own session,
+    so nothing else would tell it)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Supervisor:
+    """One launch: torchrun in its own session, the stop signals, the stall backstop."""
+
+    def __init__(self, cmd: list[str], status_dir: Path, stall_timeout_s: float | None) -> None:
+        self.cmd = cmd
+        self.status_dir = status_dir
+        self.stall_timeout_s = stall_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.first_signal_at: float | None = None
+        self.forced: int | None = None
+        #: Ranks the launcher ended after a stall, and what their state was then.
+        self.frozen: dict[int, str] = {}
+        self.killed: set[int] = set()
+        self._stall_seen_at: float | None = None
+
+    def rank_pids(self) -> list[int]:
+        assert self.proc is not None
+        return _child_pids(self.proc.pid)
+
+    def _signal_ranks(self, signum: int) -> None:
+        for pid in self.rank_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        """First stop signal: every rank stops after its step and saves (SIGTERM to each, as
+        however it arrived); one more than a second later: kill the ranks now."""
+        import signal
+        import time
+
+        now = time.monotonic()
+        name = signal.Signals(signum).name
+        if self.first_signal_at is None:
+            self.first_signal_at = now
+            print(
+                f"hyper-train: received {name}: every rank stops after its current step and "
+                "saves a checkpoint (a second signal forces the exit without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._signal_ranks(signal.SIGTERM)
+        elif now - self.first_signal_at > 1.0 and self.forced is None:
+            self.forced = signum
+            print(f"hyper-train: received {name} again: forcing the exit", file=sys.stderr)
+            self._signal_ranks(signal.SIGKILL)
+
+    def run(self, env: dict[str, str]) -> int:
+        """Start torchrun and supervise it to its end; its exit code."""
+        import signal
+
+        self.proc = subprocess.Popen(
+            self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent
         )
-    if failed:
-        return 2 if all(r.get("user_error") for r in failed) else 1
+        sigs = [getattr(signal, name) for name in STOP_SIGNALS]
+        old = {sig: signal.signal(sig, self.on_signal) for sig in sigs}
+        try:
+            while True:
+                try:
+                    return self.proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    self._check_stall()
+        finally:
+            if self.proc.poll() is None:  # an exception here: leave no ranks behind
+                self._signal_ranks(signal.SIGKILL)
+                self.proc.kill()
+                self.proc.wait()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _check_stall(self) -> None:
+        """A rank's watchdog reported a stall, or a rank's heartbeat stopped (the process is
+        frozen, so its watchdog can't fire): after a grace for the others' stack dumps, end
+        every local rank."""
+        import signal
+        import time
+
+        if not self.stall_timeout_s:
+            return
+        statuses = read_records(self.status_dir, ".json")
+        beats = read_records(self.status_dir, ".beat")
+        now = time.time()
+        interval = min(5.0, self.stall_timeout_s / 4)
+        stale = {
+            rank: beat
+            for rank, beat in beats.items()
+            if now - beat["beat"] > self.stall_timeout_s + 2 * interval
+            and rank not in statuses
+            and _process_state(int(beat["pid"])) not in (None, "Z")
+        }
+        reported = any(s.get("stalled") for s in statuses.values())
+        if not (reported or stale):
+            return
+        if self._stall_seen_at is None:
+            self._stall_seen_at = time.monotonic()
+        if time.monotonic() - self._stall_seen_at < 2 * interval and not stale:
+            return
+        for rank, beat in beats.items():
+            if rank in statuses:
+                continue
+            state = _process_state(int(beat["pid"]))
+            if state is None or state == "Z":
+                continue
+            if now - beat["beat"] > 2 * interval:
+                self.frozen[rank] = _PROCESS_STATES.get(state, f"in state {state}")
+            self.killed.add(rank)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(beat["pid"]), signal.SIGKILL)
+
+
+def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = None) -> int:
+    """Re-run this command under ``torch.distributed.run`` with N processes per node.
+
+    torchrun runs in a session of its own, so a signal reaches the ranks one way only: SIGINT,
+    SIGTERM or SIGHUP to this launcher (or its process group) is sent to every local rank as
+    SIGTERM (they finish the step, save a checkpoint and exit 0); a second one kills them. The
+    exit code is 0 when all ranks ended cleanly, else non-zero with one report naming the
+    rank whose failure came first (:func:`launcher_exit_code`).
+    """
+    import tempfile
+
+    cmd = torchrun_command(args)
+    with tempfile.TemporaryDirectory(prefix="hyper-train-status-") as status_dir:
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env[STATUS_DIR_ENV] = status_dir
+        supervisor = _Supervisor(cmd, Path(status_dir), stall_timeout_s)
+        rc = supervisor.run(env)
+        folder = Path(status_dir)
+        statuses = read_records(folder, ".json")
+        beats = read_records(folder, ".beat")
+        deaths = _read_deaths(folder)
+    if supervisor.forced is not None:
+        return 128 + supervisor.forced
+    return launcher_exit_code(
+        rc,
+        statuses,
+        args.nproc_per_node,
+        deaths=deaths,
+        beats=beats,
+        frozen=supervisor.frozen,
+        killed=supervisor.killed,
+    )
+
+
+#: Written by :mod:`hyper_core.cli.torchrun` into the status folder: ranks that torchrun saw
+#: exit non-zero (``rank -> {exitcode, signal, time}``).
+DEATHS_FILE = "torchrun-failures.json"
+
+
+def _read_deaths(folder: Path) -> dict[int, dict[str, Any]]:
+    try:
+        raw = json.loads((folder / DEATHS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {int(rank): record for rank, record in raw.items()}
+
+
+def _where(beat: dict[str, Any] | None) -> str:
+    """`` at step N`` (the step it was working on) and its stage, from a rank's heartbeat."""
+    if not beat:
+        return ""
+    stage = beat.get("stage")
+    detail = f" ({stage})" if stage and stage != "step" else ""
+    return f" at step {int(beat['step']) + 1}{detail}"
+
+
+def launcher_exit_code(
+    rc: int,
+    statuses: dict[int, dict[str, Any]],
+    nproc: int,
+    *,
+    deaths: dict[int, dict[str, Any]] | None = None,
+    beats: dict[int, dict[str, Any]] | None = None,
+    frozen: dict[int, str] | None = None,
+    killed: set[int] | frozenset[int] = frozenset(),
+) -> int:
+    """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
+    exits non-zero), 2 when the ranks failed on a user error, else 1.
+
+    A failure prints one report: the rank whose failure started it first, with how (its
+    error, the signal that killed it, its stall), then the others' failures as its
+    consequences (a collective's error on a lost peer, a rank the launcher ended). An error
+    several ranks share is said once.
+    """
+    deaths, beats, frozen = deaths or {}, beats or {}, frozen or {}
+    # (rank, order, time, how, user_error): order 0 a cause, 1 a stall, 2 a consequence.
+    failures: list[tuple[int, int, float, str, bool]] = []
+    for rank, state in frozen.items():
+        beat = beats.get(rank, {})
+        how = f"stalled{_where(beat)}: its heartbeat stopped; the process was {state}"
+        failures.append((rank, -1, float(beat.get("beat", 0.0)), how, False))
+    for rank, record in statuses.items():
+        if record["status"] != "failed" or rank in frozen:
+            continue
+        order = 1 if record.get("stalled") else 2 if record.get("consequence") else 0
+        how = record["error"] if record.get("stalled") else f"failed: {record['error']}"
+        if order == 0 and not record.get("user_error"):
+            how += _where(beats.get(rank))
+        failures.append((rank, order, record["time"], how, bool(record.get("user_error"))))
+    for rank, death in deaths.items():
+        if rank in statuses or rank in frozen or not death.get("signal"):
+            continue
+        order = 3 if rank in killed else 0
+        how = f"was killed by {_signal_text(-int(death['exitcode']))}{_where(beats.get(rank))}"
+        failures.append((rank, order, float(death.get("time", 0.0)), how, False))
+    failures.sort(key=lambda f: (f[1], f[2]))
+    printed: set[str] = set()
+    causes = sum(1 for f in failures if f[1] <= 0)
+    for i, (rank, order, _, how, _) in enumerate(failures):
+        if how in printed:
+            continue  # the same error on another rank: said once
+        printed.add(how)
+        if i == 0:
+            first = " (first)" if causes > 1 else ""
+            print(f"hyper-train: rank {rank}{first} {how}", file=sys.stderr)
+        elif order >= 1 and failures[0][1] < order:
+            print(f"hyper-train:   consequence: rank {rank} {_short(how)}", file=sys.stderr)
+        else:
+            print(f"hyper-train: rank {rank} {how}", file=sys.stderr)
+    if failures:
+        return 2 if all(f[4] for f in failures) else 1
     local = {int(r.get("local_rank", -1)) for r in statuses.values()}
     missing = [str(i) for i in range(nproc) if i not in local]
     if rc == 0:
@@ -119,56 +361,7 @@ def launcher_exit_code(rc: int, statuses: dict[int, dict[str, Any]], nproc: int)
     return 1
 
 
-def launch_torchrun(args: argparse.Namespace) -> int:
-    """Re-run this command under ``torch.distributed.run`` with N processes per node.
-
-    SIGTERM to this launcher goes straight to the ranks (they save a checkpoint and exit 0);
-    SIGINT is left to the terminal, which delivers it to every process of the group. The exit
-    code is 0 when all ranks ended cleanly, else non-zero with the failed ranks named.
-    """
-    import signal
-    import tempfile
-
-    cmd = torchrun_command(args)
-    with tempfile.TemporaryDirectory(prefix="hyper-train-status-") as status_dir:
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        env[STATUS_DIR_ENV] = status_dir
-        proc = subprocess.Popen(cmd, env=env)
-
-        def forward(signum: int, frame: Any) -> None:
-            if signum == signal.SIGTERM:
-                for pid in _child_pids(proc.pid) or [proc.pid]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signum)
-
-        old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            rc = proc.wait()
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-        statuses = read_statuses(Path(status_dir))
-    return launcher_exit_code(rc, statuses, args.nproc_per_node)
-
-
-def write_status(status: str, exc: BaseException | None = None) -> bool:
-    """Under the launcher: record how this rank ended (``ok``, ``stopped``, ``failed``);
-    whether it was recorded."""
-    import time
-
-    status_dir = os.environ.get(STATUS_DIR_ENV)
-    if not status_dir or "RANK" not in os.environ:
-        return False
-    record = {
-        "rank": int(os.environ["RANK"]),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "status": status,
-        "error": f"{type(exc).__name__}: {exc}" if exc is not None else None,
-        "user_error": isinstance(exc, UserError),
-        "time": time.time(),
-    }
-    try:
-        (Path(status_dir) / f"rank-{record['rank']}.json").write_text(json.dumps(record))
-    except OSError:
-        return False
-    return True
+def _short(text: str, limit: int = 240) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -604,6 +604,17 @@ class TrainingConfig(_Section):
             "`bad_steps`); this many in a row stop the run (exit 1) without saving."
         ),
     )
+    stall_timeout_s: int | None = attrs.field(
+        default=1800,
+        validator=at_least(1),
+        metadata=meta(
+            "Step watchdog: when no step finishes for this many seconds (counted from the "
+            "start of training, after setup and resume), the rank writes every thread's "
+            "Python stack to `output_dir/stacks/rank-R.txt` and exits 1, and the launcher "
+            "names the stalled rank, its step and stage. Must exceed the longest step plus "
+            "evaluation and checkpoint save. Unset: no watchdog."
+        ),
+    )
 
     def _problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
@@ -680,7 +691,12 @@ class ParallelConfig(_Section):
         default="auto", metadata=meta("torch.distributed backend; auto: nccl on CUDA, else gloo.")
     )
     timeout_s: int = attrs.field(
-        default=600, validator=at_least(1), metadata=meta("Collective timeout in seconds.")
+        default=600,
+        validator=at_least(1),
+        metadata=meta(
+            "Collective timeout in seconds (the process group's): a collective that waits "
+            "longer for a rank fails on every rank that waits, and the launch ends."
+        ),
     )
 
 

@@ -81,3 +81,34 @@ def test_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert err[0] == "hyper-train: rank 1 (first) failed: RuntimeError: boom"
     user = {0: _status(0, "failed", error="ConfigError: bad", user_error=True)}
     assert launcher_exit_code(1, user, 1) == 2
+
+
+def test_a_killed_rank_is_the_cause_and_lost_peers_its_consequences(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torchrun saw rank 1 die by SIGKILL after rank 0 had already failed on the lost
+    connection: rank 1 is still the cause, named with its step."""
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+    statuses = {0: _status(0, "failed", 1.0, error=lost, consequence=True)}
+    deaths = {1: {"exitcode": -9, "signal": "SIGKILL", "time": 2.0}}
+    beats = {1: {"rank": 1, "step": 46, "stage": "step", "beat": 0.0}}
+    assert launcher_exit_code(1, statuses, 2, deaths=deaths, beats=beats) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "hyper-train: rank 1 was killed by signal 9 (SIGKILL: out of memory?) at step 47",
+        f"hyper-train:   consequence: rank 0 failed: {lost}",
+    ]
+
+
+def test_a_frozen_rank_is_named_before_the_ranks_that_waited_for_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    waited = "stalled: no step finished for 9 s at step 5, stage step"
+    statuses = {0: _status(0, "failed", 1.0, error=waited, stalled=True)}
+    beats = {1: {"rank": 1, "step": 4, "stage": "data", "beat": 0.5}}
+    frozen = {1: "stopped by a signal (SIGSTOP?)"}
+    assert launcher_exit_code(1, statuses, 2, beats=beats, frozen=frozen, killed={1}) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "hyper-train: rank 1 stalled at step 5 (data): its heartbeat stopped; the process was "
+        "stopped by a signal (SIGSTOP?)",
+        f"hyper-train:   consequence: rank 0 {waited}",
+    ]
