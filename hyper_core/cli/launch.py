@@ -321,9 +321,8 @@ def launcher_exit_code(
         if record["status"] != "failed" or rank in frozen:
             continue
         order = 1 if record.get("stalled") else 2 if record.get("consequence") else 0
-        how = record["error"] if record.get("stalled") else f"failed: {record['error']}"
-        if order == 0 and not record.get("user_error"):
-            how += _where(beats.get(rank))
+        where = _where(beats.get(rank)) if order == 0 and not record.get("user_error") else ""
+        how = record["error"] if record.get("stalled") else f"failed{where}: {record['error']}"
         failures.append((rank, order, record["time"], how, bool(record.get("user_error"))))
     for rank, death in deaths.items():
         if rank in statuses or rank in frozen or not death.get("signal"):

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def status_dir() -> Path | None:
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> bool:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")  # two threads may write
     try:
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)

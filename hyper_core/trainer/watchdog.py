@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..parallel.rank_status import write_beat, write_status
+from ..parallel.rank_status import status_dir, write_beat, write_status
 
 log = logging.getLogger("hyper_train")
 
@@ -42,6 +42,7 @@ class StepWatchdog:
         self._progress_at = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._beats = status_dir() is not None
         self._thread: threading.Thread | None = None
 
     def start(self, step: int) -> None:
@@ -54,12 +55,12 @@ class StepWatchdog:
         """Step ``step`` finished: the stall clock restarts."""
         self.step = step
         self._progress_at = time.monotonic()
-        self._wake.set()  # the launcher learns the step now (a kill may come before a beat)
+        self._beat()  # now: the launcher names this step if the rank is killed next
 
     def enter(self, stage: str) -> None:
         """The rank now works on ``stage`` (``data``, ``step``, ``eval``, ``checkpoint``...)."""
         self.stage = stage
-        self._wake.set()
+        self._beat()
 
     def stop(self) -> None:
         """Stop the thread (the run ended or failed)."""
@@ -69,7 +70,9 @@ class StepWatchdog:
             self._thread.join(timeout=self.interval + 1)
 
     def _beat(self, stalled: bool = False) -> None:
-        write_beat({"step": self.step, "stage": self.stage, "stalled": stalled})
+        """The heartbeat file (only under the launcher; a small file's atomic rewrite)."""
+        if self._beats:
+            write_beat({"step": self.step, "stage": self.stage, "stalled": stalled})
 
     def _run(self) -> None:
         while True:

@@ -48,7 +48,8 @@ def _launch(toml: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], f
 
 def _report(stderr: str) -> list[str]:
     """The launcher's report: its lines naming ranks."""
-    return [line for line in stderr.splitlines() if re.match(r"hyper-train: (rank|  cons)", line)]
+    lines = stderr.splitlines()
+    return [line for line in lines if re.match(r"hyper-train: (rank \d+ |  consequence)", line)]
 
 
 def _resume_one_step(out: Path, at: int) -> None:
@@ -97,7 +98,7 @@ def test_a_dead_data_worker_is_named_by_its_rank(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-4000:]
     report = _report(proc.stderr)
     assert re.fullmatch(
-        r"hyper-train: rank 0 failed: data worker 0 of rank 0 died \(signal 9\) at step 4.*",
+        r"hyper-train: rank 0 failed at step 4: data worker 0 of rank 0 died \(signal 9\)",
         report[0],
     ), proc.stderr[-4000:]
     assert all("consequence: rank 1" in line for line in report[1:]), report
@@ -114,7 +115,7 @@ def test_a_stalled_rank_is_named_and_the_others_dump_their_stacks(tmp_path: Path
     assert proc.returncode == 1, proc.stderr[-4000:]
     report = _report(proc.stderr)
     assert re.match(
-        r"hyper-train: rank 1 stalled at step 4 \(\w+\): its heartbeat stopped; the process "
+        r"hyper-train: rank 1 stalled at step 4( \(\w+\))?: its heartbeat stopped; the process "
         r"was stopped by a signal \(SIGSTOP\?\)",
         report[0],
     ), proc.stderr[-4000:]
