@@ -257,6 +257,11 @@ def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = No
         statuses = read_records(folder, ".json")
         beats = read_records(folder, ".beat")
         deaths = _read_deaths(folder)
+        crashes = {
+            int(f.name.split("-")[1].split(".")[0]): f.read_text(errors="replace")
+            for f in folder.glob("rank-*.crash")
+            if f.stat().st_size
+        }
     if supervisor.forced is not None:
         return 128 + supervisor.forced
     return launcher_exit_code(
@@ -267,6 +272,7 @@ def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = No
         beats=beats,
         frozen=supervisor.frozen,
         killed=supervisor.killed,
+        crashes=crashes,
     )
 
 
@@ -301,6 +307,7 @@ def launcher_exit_code(
     beats: dict[int, dict[str, Any]] | None = None,
     frozen: dict[int, str] | None = None,
     killed: set[int] | frozenset[int] = frozenset(),
+    crashes: dict[int, str] | None = None,
 ) -> int:
     """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
     exits non-zero), 2 when the ranks failed on a user error, else 1.
@@ -308,9 +315,10 @@ def launcher_exit_code(
     A failure prints one report: the rank whose failure started it first, with how (its
     error, the signal that killed it, its stall), then the others' failures as its
     consequences (a collective's error on a lost peer, a rank the launcher ended). An error
-    several ranks share is said once.
+    several ranks share is said once. A native crash's report (``crashes``, rank -> text) is
+    quoted after its rank's line.
     """
-    deaths, beats, frozen = deaths or {}, beats or {}, frozen or {}
+    deaths, beats, frozen, crashes = deaths or {}, beats or {}, frozen or {}, crashes or {}
     # (rank, order, time, how, user_error): order 0 a cause, 1 a stall, 2 a consequence.
     failures: list[tuple[int, int, float, str, bool]] = []
     for rank, state in frozen.items():
@@ -329,6 +337,8 @@ def launcher_exit_code(
             continue
         order = 3 if rank in killed else 0
         how = f"was killed by {_signal_text(-int(death['exitcode']))}{_where(beats.get(rank))}"
+        if crashes.get(rank, "").strip():
+            how += ": " + _crash_excerpt(crashes[rank])
         failures.append((rank, order, float(death.get("time", 0.0)), how, False))
     failures.sort(key=lambda f: (f[1], f[2]))
     printed: set[str] = set()
@@ -358,6 +368,20 @@ def launcher_exit_code(
         file=sys.stderr,
     )
     return 1
+
+
+def _crash_excerpt(report: str, limit: int = 30) -> str:
+    """A faulthandler report's first line and the crashed thread's stack (the others, and
+    the list of extension modules, are left out)."""
+    lines = report.strip().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
+    stack: list[str] = []
+    if start is not None:
+        for line in lines[start:]:
+            if not line.strip():
+                break
+            stack.append(line)
+    return "\n".join([lines[0], *stack[:limit]])
 
 
 def _short(text: str, limit: int = 240) -> str:

@@ -2,13 +2,15 @@
 ended, as small JSON files in ``$HYPER_TRAIN_STATUS_DIR`` (set by the launcher only).
 
 ``rank-R.json``: how rank R ended (``ok``, ``stopped`` or ``failed``, the error, whether the
-error is a consequence of another rank's failure). ``rank-R.beat``: the rank's pid, its last
+error is a consequence of another rank's failure). ``rank-R.crash``: the faulthandler report of
+a native crash (SIGSEGV, SIGABRT, ...). ``rank-R.beat``: the rank's pid, its last
 finished step, its stage and the wall time of its last beat (written by the step watchdog's
 thread, so it goes stale only when the whole process is frozen or gone).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -17,7 +19,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 #: Set by the launcher for its ranks: the folder of their status and heartbeat files.
 STATUS_DIR_ENV = "HYPER_TRAIN_STATUS_DIR"
@@ -83,6 +85,21 @@ def write_status(
         **extra,
     }
     return _write_json(folder / f"rank-{record['rank']}.json", record)
+
+
+def record_crashes() -> IO[str] | None:
+    """Under the launcher: a native crash's report (faulthandler: the fatal signal and every
+    thread's Python stack) goes to ``rank-R.crash``, which the launcher prints with its report
+    of how the rank died. Returns the open file, to be kept for the life of the process."""
+    folder = status_dir()
+    if folder is None:
+        return None
+    try:
+        f = (folder / f"rank-{os.environ['RANK']}.crash").open("w")
+    except OSError:
+        return None
+    faulthandler.enable(file=f, all_threads=True)
+    return f
 
 
 def write_beat(record: dict[str, Any]) -> None:

@@ -60,3 +60,20 @@ def test_the_watchdog_dumps_the_stacks_and_ends_a_stalled_rank(tmp_path: Path) -
     assert "at step 7, stage data" in status["error"]
     beat = json.loads((tmp_path / "rank-1.beat").read_text())
     assert beat["step"] == 6 and beat["stage"] == "data" and beat["stalled"]
+
+
+def test_a_native_crash_is_recorded_for_the_launcher(tmp_path: Path) -> None:
+    script = (
+        "import os, signal\n"
+        "from hyper_core.parallel.rank_status import record_crashes\n"
+        "keep = record_crashes()\n"
+        "def crash_here():\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "crash_here()\n"
+    )
+    env = {"RANK": "0", STATUS_DIR_ENV: str(tmp_path), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=False)
+    assert proc.returncode == -11
+    report = (tmp_path / "rank-0.crash").read_text()
+    assert report.startswith("Fatal Python error: Segmentation fault")
+    assert "in crash_here" in report

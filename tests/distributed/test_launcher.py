@@ -112,3 +112,22 @@ def test_a_frozen_rank_is_named_before_the_ranks_that_waited_for_it(
         "stopped by a signal (SIGSTOP?)",
         f"hyper-train:   consequence: rank 0 {waited}",
     ]
+
+
+def test_a_native_crash_is_quoted_with_its_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    deaths = {0: {"exitcode": -11, "signal": "SIGSEGV", "time": 1.0}}
+    crash = (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Thread 0x2 (most recent call first):\n"
+        '  File "threading.py", line 327 in wait\n\n'
+        "Current thread 0x1 (most recent call first):\n"
+        '  File "x.py", line 3 in f\n\n'
+        "Extension modules: torch._C (total: 1)\n"
+    )
+    assert launcher_exit_code(1, {}, 2, deaths=deaths, crashes={0: crash}) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "hyper-train: rank 0 was killed by signal 11 (SIGSEGV: a crash in native code): "
+        "Fatal Python error: Segmentation fault",
+        "Current thread 0x1 (most recent call first):",
+        '  File "x.py", line 3 in f',
+    ]
