@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..parallel.rank_status import STATUS_DIR_ENV, read_records, write_status
+from ..parallel.rank_status import STATUS_DIR_ENV, beat_interval, read_records, write_status
 
 __all__ = ["QUIET_TORCHRUN", "STATUS_DIR_ENV", "launch_torchrun", "write_status"]
 
@@ -208,7 +208,7 @@ class _Supervisor:
         statuses = read_records(self.status_dir, ".json")
         beats = read_records(self.status_dir, ".beat")
         now = time.time()
-        interval = min(5.0, self.stall_timeout_s / 4)
+        interval = beat_interval(self.stall_timeout_s)
         stale = {
             rank: beat
             for rank, beat in beats.items()

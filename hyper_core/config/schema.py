@@ -605,14 +605,16 @@ class TrainingConfig(_Section):
         ),
     )
     stall_timeout_s: int | None = attrs.field(
-        default=1800,
+        default=300,
         validator=at_least(1),
         metadata=meta(
-            "Step watchdog: when no step finishes for this many seconds (counted from the "
-            "start of training, after setup and resume), the rank writes every thread's "
-            "Python stack to `output_dir/stacks/rank-R.txt` and exits 1, and the launcher "
-            "names the stalled rank, its step and stage. Must exceed the longest step plus "
-            "evaluation and checkpoint save. Unset: no watchdog."
+            "Step watchdog: when a rank makes no progress for this many seconds (no step "
+            "finished and no stage begun: data, step, log, eval, checkpoint; counted from the "
+            "start of training, after setup and resume), it writes every thread's Python "
+            "stack to `output_dir/stacks/rank-R.txt` and exits 1, and the launcher names the "
+            "stalled rank, its step and stage. Must exceed the longest step, evaluation or "
+            "checkpoint save; keep it below [parallel] `timeout_s` so that a stall is named "
+            "before a collective times out. Unset: no watchdog."
         ),
     )
 

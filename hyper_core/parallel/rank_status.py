@@ -45,6 +45,12 @@ _WORKER_EXITED = re.compile(
 )
 
 
+def beat_interval(stall_timeout_s: float | None) -> float:
+    """Seconds between a rank's heartbeats: often enough that a frozen rank's beat is stale
+    well before the others' stall timeout fires."""
+    return min(5.0, stall_timeout_s / 4) if stall_timeout_s else 5.0
+
+
 def status_dir() -> Path | None:
     """The launcher's status folder for this rank, if a launcher started it."""
     path = os.environ.get(STATUS_DIR_ENV)

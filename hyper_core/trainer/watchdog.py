@@ -4,7 +4,8 @@ A stalled rank (a hung file read, a device fault, a collective that waits on a f
 otherwise waits for the collective timeout, or forever, and says nothing. The thread runs
 beside the step, so a stuck collective does not stop it: every ``interval`` it writes the
 rank's heartbeat for the launcher (:func:`~hyper_core.parallel.rank_status.write_beat`), and
-when no step finished for ``[training] stall_timeout_s`` it writes every thread's Python stack
+when the rank made no progress (no step finished, no stage begun: data, step, log, eval,
+checkpoint) for ``[training] stall_timeout_s`` it writes every thread's Python stack
 to ``output_dir/stacks/rank-R.txt`` (faulthandler), records the stall, and ends the process
 with exit code 1.
 """
@@ -19,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..parallel.rank_status import status_dir, write_beat, write_status
+from ..parallel.rank_status import beat_interval, status_dir, write_beat, write_status
 
 log = logging.getLogger("hyper_train")
 
@@ -34,9 +35,7 @@ class StepWatchdog:
         self.rank = rank
         self.stall_timeout_s = stall_timeout_s
         self.stacks_dir = stacks_dir
-        #: Seconds between beats: often enough that a frozen rank's beat is stale well before
-        #: the stall timeout of the others fires.
-        self.interval = min(5.0, stall_timeout_s / 4) if stall_timeout_s else 5.0
+        self.interval = beat_interval(stall_timeout_s)
         self.step = 0
         self.stage = "setup"
         self._progress_at = time.monotonic()
@@ -58,8 +57,10 @@ class StepWatchdog:
         self._beat()  # now: the launcher names this step if the rank is killed next
 
     def enter(self, stage: str) -> None:
-        """The rank now works on ``stage`` (``data``, ``step``, ``eval``, ``checkpoint``...)."""
+        """The rank now works on ``stage`` (``data``, ``step``, ``log``, ``eval``,
+        ``checkpoint``): progress too, so the timeout bounds each stage, not their sum."""
         self.stage = stage
+        self._progress_at = time.monotonic()
         self._beat()
 
     def stop(self) -> None:
@@ -92,12 +93,12 @@ class StepWatchdog:
         try:
             stacks.parent.mkdir(parents=True, exist_ok=True)
             with stacks.open("w") as f:
-                f.write(f"rank {self.rank}: no step finished for {idle:.0f} s ({where})\n")
+                f.write(f"rank {self.rank}: no progress for {idle:.0f} s ({where})\n")
                 faulthandler.dump_traceback(file=f, all_threads=True)
         except OSError as exc:
             stacks = Path(f"(not written: {exc.strerror})")
         message = (
-            f"stalled: no step finished for {idle:.0f} s "
+            f"stalled: no progress for {idle:.0f} s "
             f"([training] stall_timeout_s = {self.stall_timeout_s:g}) at {where}; "
             f"stacks in {stacks}"
         )

@@ -52,11 +52,11 @@ def test_the_watchdog_dumps_the_stacks_and_ends_a_stalled_rank(tmp_path: Path) -
     )
     assert proc.returncode == 1, proc.stderr
     dump = (stacks / "rank-1.txt").read_text()
-    assert dump.startswith("rank 1: no step finished for")
+    assert dump.startswith("rank 1: no progress for")
     assert "in wait_for_data" in dump
     status = json.loads((tmp_path / "rank-1.json").read_text())
     assert status["status"] == "failed" and status["stalled"]
-    assert status["error"].startswith("stalled: no step finished for")
+    assert status["error"].startswith("stalled: no progress for")
     assert "at step 7, stage data" in status["error"]
     beat = json.loads((tmp_path / "rank-1.beat").read_text())
     assert beat["step"] == 6 and beat["stage"] == "data" and beat["stalled"]

@@ -119,9 +119,9 @@ def test_a_stalled_rank_is_named_and_the_others_dump_their_stacks(tmp_path: Path
         r"was stopped by a signal \(SIGSTOP\?\)",
         report[0],
     ), proc.stderr[-4000:]
-    assert any("consequence: rank 0 stalled: no step finished" in line for line in report)
+    assert any("consequence: rank 0 stalled: no progress" in line for line in report)
     stacks = (out / "stacks" / "rank-0.txt").read_text()
-    assert "rank 0: no step finished" in stacks and "all_reduce" in stacks
+    assert "rank 0: no progress" in stacks and "all_reduce" in stacks
     assert elapsed < HANG_S
     _resume_one_step(out, 2)
 

@@ -102,7 +102,7 @@ def test_a_killed_rank_is_the_cause_and_lost_peers_its_consequences(
 def test_a_frozen_rank_is_named_before_the_ranks_that_waited_for_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    waited = "stalled: no step finished for 9 s at step 5, stage step"
+    waited = "stalled: no progress for 9 s at step 5, stage step"
     statuses = {0: _status(0, "failed", 1.0, error=waited, stalled=True)}
     beats = {1: {"rank": 1, "step": 4, "stage": "data", "beat": 0.5}}
     frozen = {1: "stopped by a signal (SIGSTOP?)"}
