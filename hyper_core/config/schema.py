@@ -604,9 +604,9 @@ class TrainingConfig(_Section):
             "`bad_steps`); this many in a row stop the run (exit 1) without saving."
         ),
     )
-    stall_timeout_s: int | None = attrs.field(
+    stall_timeout_s: int = attrs.field(
         default=300,
-        validator=at_least(1),
+        validator=at_least(0),
         metadata=meta(
             "Step watchdog: when a rank makes no progress for this many seconds (no step "
             "finished and no stage begun: data, step, log, eval, checkpoint; counted from the "
@@ -614,7 +614,7 @@ class TrainingConfig(_Section):
             "stack to `output_dir/stacks/rank-R.txt` and exits 1, and the launcher names the "
             "stalled rank, its step and stage. Must exceed the longest step, evaluation or "
             "checkpoint save; keep it below [parallel] `timeout_s` so that a stall is named "
-            "before a collective times out. Unset: no watchdog."
+            "before a collective times out. 0: no watchdog."
         ),
     )
 

@@ -95,6 +95,7 @@ def test_guide_has_its_sections() -> None:
         "Models",
         "Distributed training",
         "Checkpoints and resume",
+        "Operations",
         "Export to Hugging Face",
         "Evaluation",
         "Metrics and plots",
