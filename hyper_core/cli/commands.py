@@ -33,6 +33,14 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     run.add_argument("--node-rank", type=int, default=None, help="this node's rank")
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     run.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --nproc-per-node: after a failed launch, start the ranks again up to N times, "
+        "each resuming from the latest checkpoint (default: 0)",
+    )
     run.set_defaults(handler=cmd_run, accepts_overrides=True)
 
     plugins = sub.add_parser("plugins", help="list, install or uninstall plugins")
@@ -238,11 +246,15 @@ def _trace_hooks(host: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
+    if args.max_restarts < 0 or (args.max_restarts and not (args.nproc_per_node or 0) > 1):
+        raise UserError(
+            f"--max-restarts {args.max_restarts}: needs --nproc-per-node > 1 and N >= 0"
+        )
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         launch.torchrun_command(args)  # the launch options first
         # Fail fast, once, on a bad config or one for another world size.
         config, _ = load_run_config(args)
-        return launch.launch_torchrun(args, config.training.stall_timeout_s)
+        return launch.launch_torchrun(args, config.training.stall_timeout_s, args.max_restarts)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
         return 0

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..parallel.rank_status import STATUS_DIR_ENV, beat_interval, read_records, write_status
+from ..parallel.rank_status import (
+    STATUS_DIR_ENV,
+    beat_interval,
+    read_records,
+    step_of,
+    write_status,
+)
 
 __all__ = ["QUIET_TORCHRUN", "STATUS_DIR_ENV", "launch_torchrun", "write_status"]
 
@@ -236,15 +242,42 @@ class _Supervisor:
                 os.kill(int(beat["pid"]), signal.SIGKILL)
 
 
-def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = None) -> int:
+def launch_torchrun(
+    args: argparse.Namespace, stall_timeout_s: float | None = None, max_restarts: int = 0
+) -> int:
     """Re-run this command under ``torch.distributed.run`` with N processes per node.
 
     torchrun runs in a session of its own, so a signal reaches the ranks one way only: SIGINT,
     SIGTERM or SIGHUP to this launcher (or its process group) is sent to every local rank as
     SIGTERM (they finish the step, save a checkpoint and exit 0); a second one kills them. The
     exit code is 0 when all ranks ended cleanly, else non-zero with one report naming the
-    rank whose failure came first (:func:`launcher_exit_code`).
+    rank whose failure came first (:func:`launcher_exit_code`). A failed launch (exit 1, no
+    signal received) is started again up to ``max_restarts`` times, resuming from the latest
+    checkpoint (``--checkpoint.resume=auto``), each failure reported first.
     """
+    code = _launch_once(args, stall_timeout_s)
+    for restart in range(1, max_restarts + 1):
+        if code != 1:  # done, stopped, a user error, forced or signalled: not restarted
+            break
+        print(
+            f"hyper-train: restarting the ranks ({restart} of {max_restarts}) from the latest "
+            "checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        resumed = argparse.Namespace(
+            **{**vars(args), "overrides": [*args.overrides, "--checkpoint.resume=auto"]}
+        )
+        code = _launch_once(resumed, stall_timeout_s)
+    return 1 if code == _SIGNALLED else code
+
+
+#: :func:`_launch_once`'s code for a launch that failed after a stop signal (not restarted).
+_SIGNALLED = -1
+
+
+def _launch_once(args: argparse.Namespace, stall_timeout_s: float | None) -> int:
+    """One torchrun launch, supervised and reported (see :func:`launch_torchrun`)."""
     import tempfile
 
     cmd = torchrun_command(args)
@@ -264,7 +297,7 @@ def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = No
         }
     if supervisor.forced is not None:
         return 128 + supervisor.forced
-    return launcher_exit_code(
+    code = launcher_exit_code(
         rc,
         statuses,
         args.nproc_per_node,
@@ -274,6 +307,7 @@ def launch_torchrun(args: argparse.Namespace, stall_timeout_s: float | None = No
         killed=supervisor.killed,
         crashes=crashes,
     )
+    return _SIGNALLED if code == 1 and supervisor.first_signal_at is not None else code
 
 
 #: Written by :mod:`hyper_core.cli.torchrun` into the status folder: ranks that torchrun saw
@@ -295,7 +329,7 @@ def _where(beat: dict[str, Any] | None) -> str:
         return ""
     stage = beat.get("stage")
     detail = f" ({stage})" if stage and stage != "step" else ""
-    return f" at step {int(beat['step']) + 1}{detail}"
+    return f" at step {step_of(int(beat['step']), str(stage))}{detail}"
 
 
 def launcher_exit_code(

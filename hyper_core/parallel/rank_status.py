@@ -51,6 +51,17 @@ def beat_interval(stall_timeout_s: float | None) -> float:
     return min(5.0, stall_timeout_s / 4) if stall_timeout_s else 5.0
 
 
+#: Stages of a step in progress (before them, the step counted is the next one; after them,
+#: in ``log``, ``eval`` and ``checkpoint``, the step that just finished).
+STEP_STAGES = ("data", "step")
+
+
+def step_of(finished: int, stage: str) -> int:
+    """The step a rank works on: the next one while it reads data or steps, else the one it
+    finished (logging, evaluating or saving it)."""
+    return finished + 1 if stage in STEP_STAGES else finished
+
+
 def status_dir() -> Path | None:
     """The launcher's status folder for this rank, if a launcher started it."""
     path = os.environ.get(STATUS_DIR_ENV)

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..parallel.rank_status import beat_interval, status_dir, write_beat, write_status
+from ..parallel.rank_status import beat_interval, status_dir, step_of, write_beat, write_status
 
 log = logging.getLogger("hyper_train")
 
@@ -89,7 +89,7 @@ class StepWatchdog:
     def _stalled(self, idle: float) -> None:
         """Dump the stacks, report, and end the process (the main thread is stuck)."""
         stacks = self.stacks_dir / f"rank-{self.rank}.txt"
-        where = f"step {self.step + 1}, stage {self.stage}"
+        where = f"step {step_of(self.step, self.stage)}, stage {self.stage}"
         try:
             stacks.parent.mkdir(parents=True, exist_ok=True)
             with stacks.open("w") as f:

@@ -143,3 +143,13 @@ def test_torchrun_leaves_the_report_to_the_launcher(
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
     assert expected in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-restarts", "1"], ["--nproc-per-node", "2", "--max-restarts", "-1"]]
+)
+def test_max_restarts_needs_the_launcher(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", TEXT_DEMO, *argv]) == 2
+    assert "--max-restarts" in _one_line(capsys)

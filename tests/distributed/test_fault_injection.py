@@ -71,25 +71,40 @@ def _resume_one_step(out: Path, at: int) -> None:
         assert last["loss"] == pytest.approx(before[at + 1], rel=1e-5)
 
 
-def test_a_rank_killed_while_saving_is_named_and_latest_stays_complete(tmp_path: Path) -> None:
+def test_a_rank_killed_while_saving_is_named_and_the_restart_resumes_from_latest(
+    tmp_path: Path,
+) -> None:
     """SIGKILL (the out-of-memory killer, a preemption's grace run out) of rank 1 in the middle
-    of writing step-4: the report blames rank 1 and its signal, not rank 0's lost connection;
-    ``latest`` still names step-2, which resumes."""
+    of writing step-4: the report blames rank 1 and its signal, not rank 0's lost connection.
+    ``--max-restarts 1`` starts the ranks again: they resume from step-2 (``latest``: the torn
+    step-4 is not loaded) and repeat steps 3-4 bit-identically."""
     out, toml = _config(tmp_path)
-    proc, elapsed = _launch(toml, HT_SIGNAL_IN_SAVE_STEP="4", HT_KILL_RANK="1")
-    assert proc.returncode == 1, proc.stderr[-4000:]
+    t0 = time.monotonic()
+    argv = ["run", str(toml), "--nproc-per-node", "2", "--plugin", "chaos_plugin"]
+    proc = hyper_train(
+        [*argv, "--max-restarts", "1"],
+        timeout=2 * HANG_S,
+        HT_SIGNAL_IN_SAVE_STEP="4",
+        HT_KILL_RANK="1",
+        HT_ONCE_FILE=str(tmp_path / "killed-once"),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
     report = _report(proc.stderr)
-    assert report[0].startswith(
-        "hyper-train: rank 1 was killed by signal 9 (SIGKILL: out of memory?) at step"
+    assert report[0] == (
+        "hyper-train: rank 1 was killed by signal 9 (SIGKILL: out of memory?) "
+        "at step 4 (checkpoint)"
     ), proc.stderr[-4000:]
-    assert "(checkpoint)" in report[0]
     assert all("consequence" in line for line in report[1:]), report
     assert "Traceback" not in proc.stderr
-    assert elapsed < HANG_S
-    ckpts = out / "checkpoints"
-    assert (ckpts / "latest").read_text() == "step-2"
-    assert not (ckpts / "step-4").exists()
-    _resume_one_step(out, 2)
+    assert "hyper-train: restarting the ranks (1 of 1) from the latest checkpoint" in proc.stderr
+    assert time.monotonic() - t0 < 2 * HANG_S
+    assert (out / "config.step-2.toml").is_file()  # the restart resumed from step-2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    first, second = logged[:4], logged[4:]
+    assert [s for s, _ in first] == [1, 2, 3, 4] and [s for s, _ in second] == [3, 4, 5, 6, 7, 8]
+    assert second[:2] == first[2:]  # bit-identical
+    assert (out / "checkpoints" / "latest").read_text() == "step-8"
 
 
 def test_a_dead_data_worker_is_named_by_its_rank(tmp_path: Path) -> None:
