@@ -138,7 +138,6 @@ def test_a_stalled_rank_is_named_and_the_others_dump_their_stacks(tmp_path: Path
     stacks = (out / "stacks" / "rank-0.txt").read_text()
     assert "rank 0: no progress" in stacks and "all_reduce" in stacks
     assert elapsed < HANG_S
-    _resume_one_step(out, 2)
 
 
 def _signal_when(
