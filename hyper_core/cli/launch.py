@@ -147,6 +147,8 @@ class _Supervisor:
         self.frozen: dict[int, str] = {}
         self.killed: set[int] = set()
         self._stall_seen_at: float | None = None
+        #: Ranks sent the stop (a rank torchrun starts after the signal gets it too).
+        self.stopped: set[int] = set()
 
     def rank_pids(self) -> list[int]:
         assert self.proc is not None
@@ -156,6 +158,7 @@ class _Supervisor:
         for pid in self.rank_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+            self.stopped.add(pid)
 
     def on_signal(self, signum: int, frame: Any) -> None:
         """First stop signal: every rank stops after its step and saves (SIGTERM to each, as
@@ -193,6 +196,9 @@ class _Supervisor:
                 try:
                     return self.proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
+                    if self.first_signal_at is not None and self.forced is None:
+                        if set(self.rank_pids()) - self.stopped:
+                            self._signal_ranks(signal.SIGTERM)
                     self._check_stall()
         finally:
             if self.proc.poll() is None:  # an exception here: leave no ranks behind
