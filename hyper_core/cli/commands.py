@@ -246,15 +246,14 @@ def _trace_hooks(host: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
-    if args.max_restarts < 0 or (args.max_restarts and not (args.nproc_per_node or 0) > 1):
-        raise UserError(
-            f"--max-restarts {args.max_restarts}: needs --nproc-per-node > 1 and N >= 0"
-        )
+    restarts = getattr(args, "max_restarts", 0)
+    if restarts < 0 or (restarts and not (args.nproc_per_node or 0) > 1):
+        raise UserError(f"--max-restarts {restarts}: needs --nproc-per-node > 1 and N >= 0")
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
         launch.torchrun_command(args)  # the launch options first
         # Fail fast, once, on a bad config or one for another world size.
         config, _ = load_run_config(args)
-        return launch.launch_torchrun(args, config.training.stall_timeout_s, args.max_restarts)
+        return launch.launch_torchrun(args, config.training.stall_timeout_s, restarts)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
         return 0

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import UserError
 from ..parallel.rank_status import (
@@ -329,6 +329,20 @@ def _read_deaths(folder: Path) -> dict[int, dict[str, Any]]:
     return {int(rank): record for rank, record in raw.items()}
 
 
+#: How a rank's failure ranks in the report, first first: a frozen rank (it stopped while the
+#: others waited), a cause (an error of its own, a signal), a stall (waiting for a peer?), a
+#: consequence (a collective's error on a lost peer), a rank the launcher ended.
+_FROZEN, _CAUSE, _STALLED, _CONSEQUENCE, _ENDED = range(-1, 4)
+
+
+class _Failure(NamedTuple):
+    rank: int
+    order: int
+    time: float
+    how: str
+    user_error: bool = False
+
+
 def _where(beat: dict[str, Any] | None) -> str:
     """`` at step N`` (the step it was working on) and its stage, from a rank's heartbeat."""
     if not beat:
@@ -359,43 +373,50 @@ def launcher_exit_code(
     quoted after its rank's line.
     """
     deaths, beats, frozen, crashes = deaths or {}, beats or {}, frozen or {}, crashes or {}
-    # (rank, order, time, how, user_error): order 0 a cause, 1 a stall, 2 a consequence.
-    failures: list[tuple[int, int, float, str, bool]] = []
+    failures: list[_Failure] = []
     for rank, state in frozen.items():
         beat = beats.get(rank, {})
         how = f"stalled{_where(beat)}: its heartbeat stopped; the process was {state}"
-        failures.append((rank, -1, float(beat.get("beat", 0.0)), how, False))
+        failures.append(_Failure(rank, _FROZEN, float(beat.get("beat", 0.0)), how))
     for rank, record in statuses.items():
         if record["status"] != "failed" or rank in frozen:
             continue
-        order = 1 if record.get("stalled") else 2 if record.get("consequence") else 0
-        where = _where(beats.get(rank)) if order == 0 and not record.get("user_error") else ""
-        how = record["error"] if record.get("stalled") else f"failed{where}: {record['error']}"
-        failures.append((rank, order, record["time"], how, bool(record.get("user_error"))))
+        user_error = bool(record.get("user_error"))
+        if record.get("stalled"):
+            order, how = _STALLED, record["error"]
+        else:
+            order = _CONSEQUENCE if record.get("consequence") else _CAUSE
+            where = _where(beats.get(rank)) if order == _CAUSE and not user_error else ""
+            how = f"failed{where}: {record['error']}"
+        failures.append(_Failure(rank, order, record["time"], how, user_error))
     for rank, death in deaths.items():
-        if rank in statuses or rank in frozen or not death.get("signal"):
+        if rank in statuses or rank in frozen:
             continue
-        order = 3 if rank in killed else 0
-        how = f"was killed by {_signal_text(-int(death['exitcode']))}{_where(beats.get(rank))}"
-        if crashes.get(rank, "").strip():
-            how += ": " + _crash_excerpt(crashes[rank])
-        failures.append((rank, order, float(death.get("time", 0.0)), how, False))
-    failures.sort(key=lambda f: (f[1], f[2]))
+        code, where = int(death["exitcode"]), _where(beats.get(rank))
+        if code < 0:
+            how = f"was killed by {_signal_text(-code)}{where}"
+            if crashes.get(rank, "").strip():
+                how += ": " + _crash_excerpt(crashes[rank])
+        else:
+            how = f"exited with code {code}{where} without saying why"
+        order = _ENDED if rank in killed else _CAUSE
+        failures.append(_Failure(rank, order, float(death.get("time", 0.0)), how))
+    failures.sort(key=lambda f: (f.order, f.time))
     printed: set[str] = set()
-    causes = sum(1 for f in failures if f[1] <= 0)
-    for i, (rank, order, _, how, _) in enumerate(failures):
-        if how in printed:
+    causes = sum(1 for f in failures if f.order <= _CAUSE)
+    for i, f in enumerate(failures):
+        if f.how in printed:
             continue  # the same error on another rank: said once
-        printed.add(how)
+        printed.add(f.how)
         if i == 0:
             first = " (first)" if causes > 1 else ""
-            print(f"hyper-train: rank {rank}{first} {how}", file=sys.stderr)
-        elif order >= 1 and failures[0][1] < order:
-            print(f"hyper-train:   consequence: rank {rank} {_short(how)}", file=sys.stderr)
+            print(f"hyper-train: rank {f.rank}{first} {f.how}", file=sys.stderr)
+        elif f.order > _CAUSE and failures[0].order < f.order:
+            print(f"hyper-train:   consequence: rank {f.rank} {_short(f.how)}", file=sys.stderr)
         else:
-            print(f"hyper-train: rank {rank} {how}", file=sys.stderr)
+            print(f"hyper-train: rank {f.rank} {f.how}", file=sys.stderr)
     if failures:
-        return 2 if all(f[4] for f in failures) else 1
+        return 2 if all(f.user_error for f in failures) else 1
     local = {int(r.get("local_rank", -1)) for r in statuses.values()}
     missing = [str(i) for i in range(nproc) if i not in local]
     if rc == 0:

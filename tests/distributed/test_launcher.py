@@ -131,3 +131,9 @@ def test_a_native_crash_is_quoted_with_its_rank(capsys: pytest.CaptureFixture[st
         "Current thread 0x1 (most recent call first):",
         '  File "x.py", line 3 in f',
     ]
+
+
+def test_an_exit_code_without_a_status_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    deaths = {1: {"exitcode": 3, "signal": None, "time": 1.0}}
+    assert launcher_exit_code(1, {0: _status(0, "stopped")}, 2, deaths=deaths) == 1
+    assert capsys.readouterr().err == "hyper-train: rank 1 exited with code 3 without saying why\n"
