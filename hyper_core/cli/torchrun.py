@@ -19,7 +19,9 @@ from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    """Run torchrun with ``argv``; exit code 1 when a rank failed."""
+    """Run torchrun with ``argv``; exit code 1 when a rank failed, 128 + N when torchrun got
+    signal N (it passed the signal on to the ranks, as SIGTERM stops them, and waited)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -36,6 +38,8 @@ def main(argv: list[str]) -> int:
                     file=sys.stderr,
                 )
         return 1
+    except SignalException as exc:  # torchrun itself was signalled; it stopped the ranks
+        return 128 + int(exc.sigval)
     return 0
 
 
