@@ -67,7 +67,7 @@ def on_step_begin(state: Any) -> None:
         os.kill(os.getpid(), _signal())
     if step == _env_int("HT_KILL_WORKER_AT_STEP") and _this_rank("0"):
         os.kill(_children()[0], signal.SIGKILL)
-        time.sleep(2)  # the loader notices (SIGCHLD) before this step's collectives
+        time.sleep(1)  # the loader notices (SIGCHLD) before this step's collectives
 
 
 @hookimpl

@@ -137,3 +137,31 @@ def test_an_exit_code_without_a_status_is_named(capsys: pytest.CaptureFixture[st
     deaths = {1: {"exitcode": 3, "signal": None, "time": 1.0}}
     assert launcher_exit_code(1, {0: _status(0, "stopped")}, 2, deaths=deaths) == 1
     assert capsys.readouterr().err == "hyper-train: rank 1 exited with code 3 without saying why\n"
+
+
+def test_max_restarts_restarts_failed_launches_from_latest(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed launch (1) is started again with ``--checkpoint.resume=auto``; a user error (2),
+    a clean end (0) or a failure after a stop signal is not."""
+    from hyper_core.cli import launch
+
+    def run(codes: list[int], restarts: int) -> tuple[int, list[list[str]]]:
+        calls: list[list[str]] = []
+
+        def once(args: argparse.Namespace, stall: float | None) -> int:
+            calls.append(list(args.overrides))
+            return codes[len(calls) - 1]
+
+        monkeypatch.setattr(launch, "_launch_once", once)
+        return launch.launch_torchrun(_args(), 60, restarts), calls
+
+    auto = ["--training.steps=3", "--checkpoint.resume=auto"]
+    assert run([1, 1, 0], 3) == (0, [["--training.steps=3"], auto, auto])
+    assert capsys.readouterr().err.splitlines() == [
+        "hyper-train: restarting the ranks (1 of 3) from the latest checkpoint",
+        "hyper-train: restarting the ranks (2 of 3) from the latest checkpoint",
+    ]
+    assert run([1, 1], 1) == (1, [["--training.steps=3"], auto])
+    assert run([2], 3)[0] == 2 and run([0], 3)[0] == 0
+    assert run([launch._SIGNALLED], 3) == (1, [["--training.steps=3"]])
