@@ -8,8 +8,6 @@ freezes it) in ``on_step_begin`` at that ``global_step``; only rank ``HT_KILL_RA
 worker processes in ``on_step_begin`` at that ``global_step``.
 ``HT_SIGNAL_IN_SAVE_STEP``: rank ``HT_KILL_RANK`` (default 0) sends itself ``HT_KILL_SIGNAL``
 while the checkpoint of that step is being written (``on_save_checkpoint``).
-``HT_ONCE_FILE``: a kill or signal happens only if this file does not exist yet, and creates it
-(a restarted launch runs through).
 Imports no torch.
 """
 
@@ -30,18 +28,9 @@ def _env_int(name: str) -> int | None:
 
 
 def _this_rank(default: str | None) -> bool:
-    """Whether this rank is the one to hit (and, with ``HT_ONCE_FILE``, the first time)."""
+    """Whether this rank is the one to hit (``HT_KILL_RANK``, else ``default``; None: all)."""
     wanted = os.environ.get("HT_KILL_RANK", default)
-    if wanted is not None and os.environ.get("RANK", "0") != wanted:
-        return False
-    once = os.environ.get("HT_ONCE_FILE")
-    if once is None:
-        return True
-    try:
-        Path(once).touch(exist_ok=False)
-    except FileExistsError:
-        return False
-    return True
+    return wanted is None or os.environ.get("RANK", "0") == wanted
 
 
 def _signal() -> signal.Signals:
