@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PluginError, RunFailed, UserError
+from ..parallel.rank_status import record_crashes, reported_by_launcher
+from . import launch
 from .data_show import add_show_options, cmd_data_show
 from .predict import add_predict_command
 
@@ -44,6 +45,14 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
     run.add_argument("--node-rank", type=int, default=None, help="this node's rank")
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     run.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --nproc-per-node: after a failed launch, start the ranks again up to N times, "
+        "each resuming from the latest checkpoint (default: 0)",
+    )
     run.set_defaults(handler=cmd_run, accepts_overrides=True)
 
     plugins = sub.add_parser("plugins", help="list, install or uninstall plugins")
@@ -235,161 +244,6 @@ def load_checked_config(args: argparse.Namespace) -> tuple[Any, Any]:
 # -- run ------------------------------------------------------------------------------------
 
 
-#: Set by the launcher for its ranks: where each rank writes how it ended (rank-R.json).
-STATUS_DIR_ENV = "HYPER_TRAIN_STATUS_DIR"
-
-
-#: The module that runs torchrun without its own failure report (see its docstring).
-QUIET_TORCHRUN = "hyper_core.cli.torchrun"
-
-
-def _torchrun_command(args: argparse.Namespace) -> list[str]:
-    """The ``torch.distributed.run`` command line that re-runs this ``run`` on every rank
-    (torchrun's own failure report only with ``--debug``)."""
-    torchrun = ["-m", "torch.distributed.run" if args.debug else QUIET_TORCHRUN]
-    cmd = [sys.executable, *torchrun, f"--nproc-per-node={args.nproc_per_node}"]
-    if args.rdzv_endpoint:
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
-        if args.nnodes:
-            cmd.append(f"--nnodes={args.nnodes}")
-        if args.rdzv_id:
-            cmd.append(f"--rdzv-id={args.rdzv_id}")
-    elif args.nnodes in (None, "1", "1:1"):
-        cmd.append("--standalone")
-    else:
-        raise UserError(
-            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)"
-        )
-    if args.node_rank is not None:
-        cmd.append(f"--node-rank={args.node_rank}")
-    cmd += ["-m", "hyper_core", "run", args.config, *args.overrides]
-    for module in args.plugin:
-        cmd += ["--plugin", module]
-    for flag in ("debug", "strict_plugins", "trace_hooks"):
-        if getattr(args, flag):
-            cmd.append("--" + flag.replace("_", "-"))
-    return cmd
-
-
-def _child_pids(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    if children:
-        return children
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(stat.parent.name))
-    return children
-
-
-def _read_statuses(status_dir: Path) -> dict[int, dict[str, Any]]:
-    statuses = {}
-    for f in status_dir.glob("rank-*.json"):
-        try:
-            record = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        statuses[int(record["rank"])] = record
-    return statuses
-
-
-def _launcher_exit_code(rc: int, statuses: dict[int, dict[str, Any]], nproc: int) -> int:
-    """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
-    exits non-zero), 2 when the ranks failed on a user error, else 1; names failed ranks
-    (an error several ranks share once, with the first rank that failed)."""
-    failed = sorted(
-        (r for r in statuses.values() if r["status"] == "failed"), key=lambda r: r["time"]
-    )
-    printed: set[str] = set()
-    for i, record in enumerate(failed):
-        if record["error"] in printed:
-            continue  # the same error on another rank: said once
-        printed.add(record["error"])
-        first = " (first)" if i == 0 and len(failed) > 1 else ""
-        print(
-            f"hyper-train: rank {record['rank']}{first} failed: {record['error']}",
-            file=sys.stderr,
-        )
-    if failed:
-        return 2 if all(r.get("user_error") for r in failed) else 1
-    local = {int(r.get("local_rank", -1)) for r in statuses.values()}
-    missing = [str(i) for i in range(nproc) if i not in local]
-    if rc == 0:
-        return 0
-    if not missing:
-        return 0  # every rank finished or stopped cleanly
-    print(
-        f"hyper-train: local rank(s) {', '.join(missing)} exited without finishing "
-        f"(killed by a signal or out of memory?); torchrun exit code {rc}",
-        file=sys.stderr,
-    )
-    return 1
-
-
-def _launch_torchrun(args: argparse.Namespace) -> int:
-    """Re-run this command under ``torch.distributed.run`` with N processes per node.
-
-    SIGTERM to this launcher goes straight to the ranks (they save a checkpoint and exit 0);
-    SIGINT is left to the terminal, which delivers it to every process of the group. The exit
-    code is 0 when all ranks ended cleanly, else non-zero with the failed ranks named.
-    """
-    import signal
-    import tempfile
-
-    cmd = _torchrun_command(args)
-    with tempfile.TemporaryDirectory(prefix="hyper-train-status-") as status_dir:
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        env[STATUS_DIR_ENV] = status_dir
-        proc = subprocess.Popen(cmd, env=env)
-
-        def forward(signum: int, frame: Any) -> None:
-            if signum == signal.SIGTERM:
-                for pid in _child_pids(proc.pid) or [proc.pid]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signum)
-
-        old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            rc = proc.wait()
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-        statuses = _read_statuses(Path(status_dir))
-    return _launcher_exit_code(rc, statuses, args.nproc_per_node)
-
-
-def _write_status(status: str, exc: BaseException | None = None) -> bool:
-    """Under the launcher: record how this rank ended (``ok``, ``stopped``, ``failed``);
-    whether it was recorded."""
-    import time
-
-    status_dir = os.environ.get(STATUS_DIR_ENV)
-    if not status_dir or "RANK" not in os.environ:
-        return False
-    record = {
-        "rank": int(os.environ["RANK"]),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "status": status,
-        "error": f"{type(exc).__name__}: {exc}" if exc is not None else None,
-        "user_error": isinstance(exc, UserError),
-        "time": time.time(),
-    }
-    try:
-        (Path(status_dir) / f"rank-{record['rank']}.json").write_text(json.dumps(record))
-    except OSError:
-        return False
-    return True
-
-
 def _quiet_other_ranks(debug: bool) -> None:
     """Ranks other than 0 don't repeat rank 0's warnings (``--debug`` shows them all)."""
     if debug or int(os.environ.get("RANK", "0")) == 0:
@@ -421,22 +275,28 @@ def _trace_hooks(host: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``hyper-train run CONFIG``: train here, or launch ``--nproc-per-node`` ranks."""
     under_torchrun = "LOCAL_RANK" in os.environ
+    restarts = getattr(args, "max_restarts", 0)
+    if restarts < 0 or (restarts and not (args.nproc_per_node or 0) > 1):
+        raise UserError(f"--max-restarts {restarts}: needs --nproc-per-node > 1 and N >= 0")
     if args.nproc_per_node and args.nproc_per_node > 1 and not under_torchrun and not args.dry_run:
-        _torchrun_command(args)  # the launch options first
-        load_checked_config(args)  # fail fast, once, on a bad config or another world size
-        return _launch_torchrun(args)
+        launch.torchrun_command(args)  # the launch options first
+        # Fail fast, once, on a bad config or one for another world size.
+        config, _ = load_checked_config(args)
+        return launch.launch_torchrun(args, config.training.stall_timeout_s, restarts)
     if not under_torchrun:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
         return 0
     _quiet_other_ranks(args.debug)
+    crash_report = record_crashes()  # noqa: F841 (open until the process ends)
     try:
         stopped = _run_here(args) == EXIT_STOPPED
     except (UserError, RunFailed) as exc:
-        if not _write_status("failed", exc) or args.debug:
+        if not launch.write_status("failed", exc) or args.debug:
             raise
         return exc.exit_code  # the launcher prints it, once for all ranks
     except BaseException as exc:
-        _write_status("failed", exc)
+        if launch.write_status("failed", exc) and reported_by_launcher(exc) and not args.debug:
+            return 1  # a lost peer, a dead data worker: the launcher's report names it
         import logging
 
         world = os.environ.get("WORLD_SIZE", "?")
@@ -444,7 +304,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "rank %s/%s failed: %s: %s", os.environ.get("RANK"), world, type(exc).__name__, exc
         )
         raise
-    _write_status("stopped" if stopped else "ok")
+    launch.write_status("stopped" if stopped else "ok")
     return 0
 
 

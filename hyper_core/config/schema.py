@@ -562,6 +562,19 @@ class TrainingConfig(_Section):
             "`bad_steps`); this many in a row stop the run (exit 1) without saving."
         ),
     )
+    stall_timeout_s: int = attrs.field(
+        default=300,
+        validator=at_least(0),
+        metadata=meta(
+            "Step watchdog: when a rank makes no progress for this many seconds (no step "
+            "finished and no stage begun: data, step, log, eval, checkpoint; counted from the "
+            "start of training, after setup and resume), it writes every thread's Python "
+            "stack to `output_dir/stacks/rank-R.txt` and exits 1, and the launcher names the "
+            "stalled rank, its step and stage. Must exceed the longest step, evaluation or "
+            "checkpoint save; keep it below [parallel] `timeout_s` so that a stall is named "
+            "before a collective times out. 0: no watchdog."
+        ),
+    )
 
     def _problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
@@ -638,7 +651,12 @@ class ParallelConfig(_Section):
         default="auto", metadata=meta("torch.distributed backend; auto: nccl on CUDA, else gloo.")
     )
     timeout_s: int = attrs.field(
-        default=600, validator=at_least(1), metadata=meta("Collective timeout in seconds.")
+        default=600,
+        validator=at_least(1),
+        metadata=meta(
+            "Collective timeout in seconds (the process group's): a collective that waits "
+            "longer for a rank fails on every rank that waits, and the launch ends."
+        ),
     )
 
 

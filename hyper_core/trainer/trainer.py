@@ -35,6 +35,7 @@ from ..step.precision import warn_pure_bf16
 from .metrics import MetricsWriter, StepTimer, fire_tracking_keys
 from .peak_flops import compute_dtype, device_peak_flops
 from .state import TrainState
+from .watchdog import StepWatchdog
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -94,6 +95,7 @@ class Trainer:
         #: Attention calls on the kernel the config asked for, and fallbacks by reason.
         self.attention_counts: AttentionCounts | None = None
         self._first_stop_at = 0.0
+        self.watchdog: StepWatchdog | None = None
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -295,6 +297,12 @@ class Trainer:
                 cfg.run.output_dir, tensorboard=cfg.logging.tensorboard
             )
         self._install_signal_handlers()
+        self.watchdog = watchdog = StepWatchdog(
+            rank=self.dist.rank,
+            stall_timeout_s=cfg.training.stall_timeout_s,
+            stacks_dir=Path(cfg.run.output_dir) / "stacks",
+        )
+        watchdog.start(self.state.global_step)
         self.host.fire("on_train_begin", trainer=self, state=self.state)
         loader = self.dataloaders.train
         data: Iterator[Any] = iter(loader)
@@ -302,6 +310,7 @@ class Trainer:
         timer = StepTimer(device_peak_flops(self.dist.device, compute_dtype(cfg)))
         stop = False
         while self.state.global_step < self.train_iters and not stop:
+            watchdog.enter("data")
             timer.start_wait()
             step_batch = next(data)
             timer.end_wait()
@@ -315,7 +324,10 @@ class Trainer:
                 self.host.fire(
                     "on_epoch_begin", trainer=self, state=self.state, epoch=step_batch.epoch
                 )
+            watchdog.enter("step")
             loss, loss_dict, grad_norm, stats = self.train_step(step_batch)
+            watchdog.finished(self.state.global_step)
+            watchdog.enter("log")
             timer.add_step(stats)
             self.host.fire(
                 "on_step_end",
@@ -338,10 +350,13 @@ class Trainer:
                 and step % cfg.training.eval_every_steps == 0
                 and not last
             ):
+                watchdog.enter("eval")
                 self.evaluate()
             # A stop (signal, plugin) always saves; the normal end unless save_final = false.
             final = stop or (last and cfg.checkpoint.save_final)
+            watchdog.enter("checkpoint")
             self.checkpointer.maybe_save(self, final=final)
+        watchdog.stop()  # what follows (final evaluation, export) has no steps to watch
         if epoch_started is not None and loader_epoch_done(loader):
             self.host.fire("on_epoch_end", trainer=self, state=self.state, epoch=epoch_started)
         if self.dataloaders.eval is not None and not stop:
@@ -588,13 +603,14 @@ class Trainer:
 
     def _install_signal_handlers(self) -> None:
         def request_stop(signum: int, frame: Any) -> None:
-            # A second SIGINT aborts; one within a second of the first is the same Ctrl-C
-            # delivered twice (terminal and torchrun both forward it to the ranks).
+            # A second signal aborts; one within a second of the first is the same stop
+            # delivered twice (a terminal's Ctrl-C reaches the rank and the launcher, which
+            # forwards it).
             now = time.monotonic()
             if self._stop_signals == 0:
                 self._first_stop_at = now
             self._stop_signals += 1
-            if signum == signal.SIGINT and now - self._first_stop_at > 1.0:
+            if now - self._first_stop_at > 1.0:
                 raise KeyboardInterrupt
             self.state.stop_requested = True
             if self.dist.is_main:
@@ -604,12 +620,14 @@ class Trainer:
 
         self._old_handlers = {}
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 self._old_handlers[sig] = signal.signal(sig, request_stop)
         except ValueError:  # not the main thread
             self._old_handlers = {}
 
     def _teardown(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for sig, handler in getattr(self, "_old_handlers", {}).items():
             signal.signal(sig, handler)
         if self.metrics_writer is not None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hyper_core.cli import commands, main
+from hyper_core.cli import launch as launch_module
+from hyper_core.cli import main
 from hyper_core.config import load_config_dict
 from hyper_core.config.world import check_world
 from hyper_core.errors import ConfigError, UserError
@@ -83,7 +84,7 @@ def test_run_stops_before_launching(
     def launch(args: Any) -> int:
         raise AssertionError("torchrun started")
 
-    monkeypatch.setattr(commands, "_launch_torchrun", launch)
+    monkeypatch.setattr(launch_module, "launch_torchrun", launch)
     argv = ["run", TEXT_DEMO, "--nproc-per-node", "2", "--parallel.strategy=ddp"]
     argv += ["--training.global_batch_size=8"] + (["--dry-run"] if dry_run else [])
     assert main(argv) == 2
@@ -107,7 +108,7 @@ def test_a_rank_leaves_its_user_error_to_the_launcher(
 ) -> None:
     for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv(commands.STATUS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(launch_module.STATUS_DIR_ENV, str(tmp_path))
     assert main(["run", TEXT_DEMO, "--run.plugins=['nosuchplugin']"]) == 2
     assert capsys.readouterr().err == ""
     record = json.loads((tmp_path / "rank-1.json").read_text())
@@ -121,7 +122,7 @@ def test_the_launcher_says_a_shared_error_once(capsys: pytest.CaptureFixture[str
         | {"time": float(2 - r)}
         for r in (0, 1)
     }
-    assert commands._launcher_exit_code(1, statuses, 2) == 2
+    assert launch_module.launcher_exit_code(1, statuses, 2) == 2
     err = _one_line(capsys)
     assert err == f"hyper-train: rank 1 (first) failed: {error}\n"
 
@@ -135,10 +136,20 @@ def test_torchrun_leaves_the_report_to_the_launcher(
 ) -> None:
     path = tmp_path / "rank.py"
     path.write_text(script + "\n")
-    cmd = [sys.executable, "-m", commands.QUIET_TORCHRUN, "--standalone", "--nproc-per-node=1"]
+    cmd = [sys.executable, "-m", launch_module.QUIET_TORCHRUN, "--standalone", "--nproc-per-node=1"]
     proc = subprocess.run(
         [*cmd, str(path)], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
     assert expected in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-restarts", "1"], ["--nproc-per-node", "2", "--max-restarts", "-1"]]
+)
+def test_max_restarts_needs_the_launcher(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", TEXT_DEMO, *argv]) == 2
+    assert "--max-restarts" in _one_line(capsys)

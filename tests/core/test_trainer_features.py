@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +52,48 @@ def test_bf16_autocast_trains(tmp_path: Path) -> None:
     assert bf16.losses != fp32.losses  # autocast really ran in bf16
 
 
-class SigtermAtStep:
-    def __init__(self, step: int) -> None:
+class SignalAtStep:
+    def __init__(self, step: int, sig: signal.Signals = signal.SIGTERM) -> None:
         self.step = step
+        self.sig = sig
 
     @hookimpl
     def on_step_end(self, state: Any) -> None:
         if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.sig)
 
 
-def test_sigterm_stops_after_the_current_step_and_saves(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_stops_after_the_current_step_and_saves(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
     rec = HookRecorder()
+    before = signal.getsignal(sig)
     run = run_tiny_training(
-        tiny_text_config(tmp_path, training={"steps": 10}), plugins=[rec, SigtermAtStep(2)]
+        tiny_text_config(tmp_path, training={"steps": 10}), plugins=[rec, SignalAtStep(2, sig)]
     )
     assert run.trainer.state.global_step == 2
     assert "on_train_end" in rec.names
     assert (tmp_path / "checkpoints" / "step-2" / "COMPLETE").is_file()
-    assert signal.getsignal(signal.SIGTERM) is not None  # handler restored
+    assert signal.getsignal(sig) is before  # handler restored
+
+
+class SignalAgainWhileSaving:
+    """A second SIGTERM, more than a second after the first, while the stop's checkpoint is
+    being written."""
+
+    @hookimpl
+    def on_save_checkpoint(self, state: Any, plugin_state: dict[str, Any]) -> None:
+        time.sleep(1.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
+    config = tiny_text_config(tmp_path, training={"steps": 10})
+    with pytest.raises(KeyboardInterrupt):
+        run_tiny_training(config, plugins=[SignalAtStep(2), SignalAgainWhileSaving()])
+    assert not (tmp_path / "checkpoints" / "step-2").exists()
+    assert not (tmp_path / "checkpoints" / "latest").exists()
 
 
 def test_deterministic_runs_are_identical(tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def test_guide_has_its_sections() -> None:
         "Models",
         "Distributed training",
         "Checkpoints and resume",
+        "Operations",
         "Export to Hugging Face",
         "Evaluation",
         "Metrics and plots",
@@ -395,7 +396,7 @@ def test_console_transcript_is_real(block: Block, transcripts: dict) -> None:
 def test_multi_rank_failure_line(capsys: pytest.CaptureFixture[str]) -> None:
     """Launching 2 ranks of a ``strategy = "none"`` config: the strategy's error, as the
     launcher names the first failed rank, and exit code 2."""
-    from hyper_core.cli.commands import _launcher_exit_code
+    from hyper_core.cli.launch import launcher_exit_code
     from hyper_core.config import ParallelConfig
     from hyper_core.errors import ConfigError
     from hyper_core.parallel.simple import NoParallel
@@ -414,6 +415,6 @@ def test_multi_rank_failure_line(capsys: pytest.CaptureFixture[str]) -> None:
         | {"time": t}
         for r, t in ((0, 2.0), (1, 1.0))
     }
-    assert _launcher_exit_code(1, statuses, 2) == 2
+    assert launcher_exit_code(1, statuses, 2) == 2
     printed = capsys.readouterr().err.splitlines()
     assert printed[0] == quoted.group(0)

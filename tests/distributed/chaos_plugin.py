@@ -2,7 +2,12 @@
 
 ``HT_FAIL_RANK`` + ``HT_FAIL_AT_STEP``: that rank raises in ``on_step_begin`` when
 ``global_step`` equals the step (``2`` → while step 3 begins).
-``HT_KILL_AT_STEP``: the process SIGKILLs itself in ``on_step_begin`` at that ``global_step``.
+``HT_KILL_AT_STEP``: the process sends itself ``HT_KILL_SIGNAL`` (default SIGKILL; SIGSTOP
+freezes it) in ``on_step_begin`` at that ``global_step``; only rank ``HT_KILL_RANK`` if set.
+``HT_KILL_WORKER_AT_STEP``: rank ``HT_KILL_RANK`` (default 0) SIGKILLs one of its data-loader
+worker processes in ``on_step_begin`` at that ``global_step``.
+``HT_SIGNAL_IN_SAVE_STEP``: rank ``HT_KILL_RANK`` (default 0) sends itself ``HT_KILL_SIGNAL``
+while the checkpoint of that step is being written (``on_save_checkpoint``).
 Imports no torch.
 """
 
@@ -10,19 +15,53 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from hyper_core.hookspecs import hookimpl
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value is not None else None
+
+
+def _this_rank(default: str | None) -> bool:
+    """Whether this rank is the one to hit (``HT_KILL_RANK``, else ``default``; None: all)."""
+    wanted = os.environ.get("HT_KILL_RANK", default)
+    return wanted is None or os.environ.get("RANK", "0") == wanted
+
+
+def _signal() -> signal.Signals:
+    return signal.Signals[os.environ.get("HT_KILL_SIGNAL", "SIGKILL")]
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        pids += [int(p) for p in (task / "children").read_text().split()]
+    return sorted(pids)
+
+
 @hookimpl
 def on_step_begin(state: Any) -> None:
-    """Raise or die at the configured step."""
+    """Raise, die, freeze or kill a data worker at the configured step."""
     step = state.global_step
-    fail_at = os.environ.get("HT_FAIL_AT_STEP")
-    if fail_at is not None and step == int(fail_at):
+    fail_at = _env_int("HT_FAIL_AT_STEP")
+    if fail_at is not None and step == fail_at:
         if os.environ.get("RANK", "0") == os.environ.get("HT_FAIL_RANK", "0"):
             raise RuntimeError(f"chaos: injected failure at step {step + 1}")
-    kill_at = os.environ.get("HT_KILL_AT_STEP")
-    if kill_at is not None and step == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if step == _env_int("HT_KILL_AT_STEP") and _this_rank(None):
+        os.kill(os.getpid(), _signal())
+    if step == _env_int("HT_KILL_WORKER_AT_STEP") and _this_rank("0"):
+        os.kill(_children()[0], signal.SIGKILL)
+        time.sleep(1)  # the loader notices (SIGCHLD) before this step's collectives
+
+
+@hookimpl
+def on_save_checkpoint(state: Any, plugin_state: dict[str, Any]) -> None:
+    """Signal this rank while the checkpoint of the configured step is being written."""
+    if state.global_step == _env_int("HT_SIGNAL_IN_SAVE_STEP") and _this_rank("0"):
+        os.kill(os.getpid(), _signal())
+        time.sleep(0.5)  # the handler runs; the write goes on

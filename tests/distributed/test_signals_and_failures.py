@@ -4,6 +4,7 @@ naming it; SIGTERM saves a checkpoint, exits 0, and the run resumes from it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,12 @@ def test_a_rank_raising_in_step_3_fails_the_job_and_is_named(tmp_path: Path) -> 
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert elapsed < 60
     err = proc.stderr
-    assert "hyper-train: rank 1" in err and "chaos: injected failure at step 3" in err, err[-4000:]
+    report = [line for line in err.splitlines() if re.match(r"hyper-train: (rank \d+ |  c)", line)]
+    assert report[0] == (
+        "hyper-train: rank 1 failed at step 3: RuntimeError: chaos: injected failure at step 3"
+    ), err[-4000:]
+    # Rank 0 saw only the consequence (its peer gone, or torchrun's SIGTERM): no cause of its own.
+    assert all(line.startswith("hyper-train:   consequence") for line in report[1:]), err[-4000:]
     # Rank 0 alone prints progress: steps 1 and 2 once each, no step 3.
     assert err.count("step 1/10") == 1 and err.count("step 2/10") == 1
     assert "step 3/10" not in err
