@@ -84,10 +84,12 @@ class PreferenceRun:
 
     @hookimpl
     def on_stage_end(self, stage: str, result: Any, trainer: Any) -> None:
-        """Keep the trainer; after the label-row setup (before any step or resume), the frozen
-        copy of the starting weights."""
+        """Keep the trainer; the frozen copy of the starting weights once the model is built
+        (before any step or resume), and before the trainer has the last layer run on the
+        label rows only: that wrapper reads its model's own forward's mask, which a copy
+        would not share."""
         self.trainer = trainer
-        if stage == "compute_train_iters" and self.mode == "copy":
+        if stage == "build_get_batch" and self.mode == "copy":
             self.reference_model = copy.deepcopy(trainer.unwrapped_model).requires_grad_(False)
 
     @hookimpl(wrapper=True)
