@@ -16,7 +16,7 @@ the global batch (gradient accumulation and data parallelism exact, as for the S
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -24,6 +24,10 @@ from hyper_core.batching.base import BatchingRuntime
 from hyper_core.batching.types import MicroBatch, SampleFeatures
 
 from .data import PairFeatures
+from .vision import add_present, share_images
+
+if TYPE_CHECKING:
+    from hyper_core.adapters.base import VisionEncoderSpec
 
 SEQUENCE_FIELD = "preference_sequence"
 #: ``loss_inputs`` key: the number of pairs in the micro-batch (a host int).
@@ -41,10 +45,12 @@ class PairBatching:
     """The run's ``runtime`` seen as a runtime of pairs (``collate``, ``split``,
     ``with_filler``, ``options``, ``name``: what the core's collates use)."""
 
-    def __init__(self, runtime: BatchingRuntime) -> None:
+    def __init__(self, runtime: BatchingRuntime, vision: VisionEncoderSpec | None = None) -> None:
         self.runtime = runtime
         self.options = runtime.options
         self.name = runtime.name
+        #: The vision encoder whose inputs a pair's two sides share (None: each side its own).
+        self.vision = vision
 
     def split(self, features: Sequence[SampleFeatures]) -> list[list[SampleFeatures]]:
         """``micro_batch_size`` pairs per micro-batch."""
@@ -66,7 +72,16 @@ class PairBatching:
                 raise TypeError(f"a [preference] micro-batch takes pairs, got {kind}")
             sequences.append(_numbered(pair.chosen, 2 * i + 1))
             sequences.append(_numbered(pair.rejected, 2 * i + 2))
+        shared = share_images(sequences, self.vision) if self.vision is not None else None
+        if shared is not None:
+            sequences = shared[0]
         mb = self.runtime.with_filler(sequences)
+        if shared is not None:
+            lists = shared[1]
+            filler = self.runtime.vision_filler
+            if mb.meta and (mb.meta[-1] or {}).get("filler") and filler is not None:
+                add_present(lists, filler.num_images)
+            mb.model_inputs.update(lists)
         sequence = mb.model_inputs.pop(SEQUENCE_FIELD)
         mb.loss_inputs[SEQUENCE_FIELD] = sequence
         mb.loss_inputs[PAIRS_KEY] = len(pairs)
@@ -83,12 +98,15 @@ class PairBatching:
         return self.runtime.to_device(micro_batch, device)
 
 
-def pair_collate(inner: Any, runtime: BatchingRuntime) -> Any:
+def pair_collate(
+    inner: Any, runtime: BatchingRuntime, vision: VisionEncoderSpec | None = None
+) -> Any:
     """The collate of a preference run, in place of the core's ``inner`` one: pairs per
-    micro-batch, or the token budget's packing of pairs."""
+    micro-batch, or the token budget's packing of pairs (``vision``: encode each pair's
+    images once, see :mod:`hyper_preference.vision`)."""
     from hyper_core.batching.token_budget import TokenBudgetCollate
 
-    pairs = PairBatching(runtime)
+    pairs = PairBatching(runtime, vision)
     if isinstance(inner, TokenBudgetCollate):
         return TokenBudgetCollate(pairs, inner.max_tokens)  # type: ignore[arg-type]
     return pairs

@@ -73,6 +73,15 @@ class PreferenceConfig:
         ),
     )
 
+    encode_images_once: bool = attrs.field(
+        default=True,
+        metadata=meta(
+            "Run the vision encoder once per pair on the prompt's images and give its output "
+            "to both replies (a VL adapter with the per-image encoder view; not with videos, "
+            "[parallel] cp or encoder parallelism). `false`: each sequence encodes its own."
+        ),
+    )
+
     def __attrs_post_init__(self) -> None:
         if self.loss is not None:
             return

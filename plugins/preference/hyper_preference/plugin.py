@@ -30,8 +30,10 @@ def register_config_sections(register: Any) -> None:
 
 @hookimpl
 def register_dataset_formats(register: Any) -> None:
-    """``preference``: pairs from JSON lines, a JSON array or Parquet."""
+    """``preference``: pairs from JSON lines, a JSON array or Parquet; ``shapes_pairs``: the
+    synthetic shapes data with a plausible wrong answer rejected (the demo)."""
     register("preference", "hyper_preference.data:load_preference_format")
+    register("shapes_pairs", "hyper_preference.shapes:load_shapes_pairs_format")
 
 
 @hookimpl

@@ -21,6 +21,7 @@ from .batching import SEQUENCE_FIELD, pair_collate
 from .data import PAIR_KEY, SIDE_KEY
 from .loss import REFERENCE_KEY, pair_terms, reward_sums, sequence_logps
 from .reference import PRECOMPUTED_FILE, adapters_disabled, load_precomputed, save_precomputed
+from .vision import SharedImages
 
 if TYPE_CHECKING:
     import torch
@@ -79,6 +80,9 @@ class PreferenceRun:
         #: Micro-batches of this step already counted (a lockstep repeat is not).
         self._seen: set[int] = set()
         self._count_current = True
+        #: The vision encoder whose inputs both sides of a pair share (see vision.py).
+        self.vision: Any = None
+        self.shared_images: SharedImages | None = None
 
     # -- build stages ---------------------------------------------------------------------------
 
@@ -89,14 +93,44 @@ class PreferenceRun:
         label rows only: that wrapper reads its model's own forward's mask, which a copy
         would not share."""
         self.trainer = trainer
-        if stage == "build_get_batch" and self.mode == "copy":
+        if stage != "build_get_batch":
+            return
+        if self.mode == "copy":
             self.reference_model = copy.deepcopy(trainer.unwrapped_model).requires_grad_(False)
+        if self.vision is not None:
+            self.shared_images = SharedImages(trainer.adapter, self.vision)
+            for model in (trainer.unwrapped_model, self.reference_model):
+                if model is not None:
+                    self.shared_images.install(model)
+
+    def _shared_vision(self, runtime: Any) -> Any:
+        """The vision encoder spec when a pair's images can be encoded once, else None."""
+        from hyper_core.types import VisionEncoderAdapter
+
+        trainer = self.trainer
+        adapter = trainer.adapter
+        if not self.cfg.encode_images_once or not isinstance(adapter, VisionEncoderAdapter):
+            return None
+        spec = adapter.parallel_plan(trainer.unwrapped_model).vision_encoder
+        ep = self.config.section("encoder_parallel")
+        filler = runtime.vision_filler
+        if (
+            spec is None
+            or len(spec.input_keys) < 2
+            or trainer.dist.cp > 1
+            or (ep is not None and getattr(ep, "enabled", False))
+            or self.config.parallel.strategy == "encoder_parallel"
+            or (filler is not None and filler.num_videos)
+        ):
+            return None
+        return spec
 
     @hookimpl(wrapper=True)
     def build_collate_fn(self, config: Any, runtime: Any) -> Generator[None, Any, Any]:
         """Both sides of a pair in one micro-batch (see :mod:`hyper_preference.batching`)."""
         inner = yield
-        return pair_collate(inner, runtime)
+        self.vision = self._shared_vision(runtime)
+        return pair_collate(inner, runtime, self.vision)
 
     @hookimpl
     def build_loss(self) -> Callable[..., Any]:
