@@ -115,3 +115,25 @@ def test_bad_pairs_are_counted_by_reason(tmp_path: Path) -> None:
     run = train(raw)
     skipped = [m["skipped"] for m in run.metrics if "skipped" in m]
     assert skipped and set(skipped[-1]) <= {"image_token_mismatch", "missing_pair_side", "too_long"}
+
+
+def test_token_budget_counts_both_sides(tmp_path: Path) -> None:
+    """With ``[data] max_tokens_per_micro_batch`` a pair micro-batch holds whole pairs whose
+    two sides together fit the budget."""
+    from hyper_core.batching.base import BatchingOptions
+    from hyper_core.batching.packed import PackedRuntime
+    from hyper_core.batching.token_budget import TokenBudgetCollate
+    from hyper_preference.batching import PAIRS_KEY, SEQUENCE_FIELD, pair_collate
+
+    pairs = _pairs(tmp_path, "messages")
+    budget = max(p.length for p in pairs) + 1  # one pair at least, rarely two
+    runtime = PackedRuntime(BatchingOptions(micro_batch_size=4, max_seq_len=128, pad_token_id=0))
+    collate = pair_collate(TokenBudgetCollate(runtime, budget), runtime)
+    micro_batches = collate(pairs)
+    assert sum(mb.loss_inputs[PAIRS_KEY] for mb in micro_batches) == len(pairs)
+    assert len(micro_batches) > len(pairs) / 4  # the budget, not micro_batch_size, split them
+    for mb in micro_batches:
+        assert mb.num_tokens <= budget
+        n = mb.loss_inputs[PAIRS_KEY]
+        assert mb.num_loss_tokens == mb.num_samples == n
+        assert set(mb.loss_inputs[SEQUENCE_FIELD].unique().tolist()) == set(range(1, 2 * n + 1))
