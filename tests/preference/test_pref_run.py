@@ -157,3 +157,29 @@ def test_precomputed_reference_is_reused_on_resume(tmp_path: Path, pairs: Path) 
     raw["training"]["steps"] = 5
     with pytest.raises(RunFailed, match=r"reference_logps\.pt is missing"):
         train(raw)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"preference": {"reference": "copy"}, "parallel": {"strategy": "fsdp2"}}, "fsdp2"),
+        ({"preference": {"reference": "adapters_off"}}, r'needs \[peft\] method = "lora"'),
+    ],
+)
+def test_reference_mode_errors_name_the_key(
+    tmp_path: Path, pairs: Path, sections: dict[str, Any], message: str
+) -> None:
+    from hyper_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as caught:
+        train(dpo_config(tmp_path, pairs, **sections))
+    assert "$.preference.reference" in str(caught.value)
+
+
+def test_preference_options_without_loss_are_rejected(tmp_path: Path, pairs: Path) -> None:
+    from hyper_core.errors import ConfigError
+
+    raw = dpo_config(tmp_path, pairs)
+    raw["preference"] = {"beta": 0.3}
+    with pytest.raises(ConfigError, match=r"\$\.preference\.loss: not set"):
+        train(raw)
