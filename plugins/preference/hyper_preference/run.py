@@ -183,8 +183,14 @@ class PreferenceRun:
         import torch
 
         trainer = self.trainer
-        with torch.no_grad(), trainer.training_context():
-            outputs = model(**model_inputs, **trainer.adapter.forward_kwargs())
+        # In eval mode (no dropout), whichever the mode: the three references agree.
+        training = model.training
+        model.train(False)
+        try:
+            with torch.no_grad(), trainer.training_context():
+                outputs = model(**model_inputs, **trainer.adapter.forward_kwargs())
+        finally:
+            model.train(training)
         return sequence_logps(outputs.logits, loss_inputs).logps
 
     def reference_logps(
