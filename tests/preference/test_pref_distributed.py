@@ -1,5 +1,6 @@
-"""DPO on 2 fsdp2 ranks equals 1 rank: LoRA with the adapters-off reference, and full
-fine-tuning with precomputed reference log-probs (each rank computes its share)."""
+"""DPO on 2 fsdp2 ranks equals 1 rank: LoRA with the adapters-off reference, full fine-tuning
+with a frozen copy sharded like the policy, and with precomputed reference log-probs (each rank
+computes its share)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def _jobs(root: Path) -> dict[str, dict[str, Any]]:
             preference={"reference": "adapters_off"},
             peft={"method": "lora", "r": 4},
             training=training,
+            data=evaluation,
+        ),
+        "full-copy": dpo_config(
+            root,
+            pairs,
+            preference={"reference": "copy"},
+            training={**training, "lr": 1e-3},
             data=evaluation,
         ),
         "full-precompute": dpo_config(
@@ -77,7 +85,7 @@ def _evaluation(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("job", ["lora-adapters-off", "full-precompute"])
+@pytest.mark.parametrize("job", ["lora-adapters-off", "full-copy", "full-precompute"])
 def test_two_fsdp2_ranks_match_one_rank(runs: dict[str, tuple[Path, Path]], job: str) -> None:
     two, one = runs[job]
     assert len(losses(one)) == 4

@@ -162,7 +162,6 @@ def test_precomputed_reference_is_reused_on_resume(tmp_path: Path, pairs: Path) 
 @pytest.mark.parametrize(
     ("sections", "message"),
     [
-        ({"preference": {"reference": "copy"}, "parallel": {"strategy": "fsdp2"}}, "fsdp2"),
         ({"preference": {"reference": "adapters_off"}}, r'needs \[peft\] method = "lora"'),
     ],
 )

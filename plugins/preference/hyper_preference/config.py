@@ -66,8 +66,8 @@ class PreferenceConfig:
         metadata=meta(
             'The reference model of `loss = "sigmoid"`: `"adapters_off"` (with [peft]: the '
             'same model with its LoRA adapters disabled, no second copy), `"copy"` (a frozen '
-            'copy of the starting weights, one process or ddp), `"precompute"` (one pass '
-            "before the first step writes the reference log-probs to "
+            "copy of the starting weights, sharded like the policy under fsdp2), "
+            '`"precompute"` (one pass before the first step writes the reference log-probs to '
             '`output_dir/preference/reference_logps.pt`; a resumed run reads them). `"auto"`: '
             "`adapters_off` with [peft], else `copy`."
         ),

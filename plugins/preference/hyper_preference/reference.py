@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -56,3 +56,44 @@ def load_precomputed(path: Path) -> dict[str, tuple[float, float]]:
     data = torch.load(path, weights_only=True)
     rows = data["logps"].tolist()
     return {key: (row[0], row[1]) for key, row in zip(data["keys"], rows, strict=True)}
+
+
+def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``model``'s structure on meta (no storage), for a sharded reference."""
+    import copy
+
+    import torch
+
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        memo[id(p)] = torch.nn.Parameter(p.new_empty(p.shape, device="meta"), requires_grad=False)
+    for b in model.buffers():
+        memo[id(b)] = b.new_empty(b.shape, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def shard_like(
+    reference: torch.nn.Module, policy: torch.nn.Module, plan: Any, dist: Any, mp_policy: Any
+) -> None:
+    """Shard ``reference`` (on meta, the policy's structure) as fsdp2 sharded the policy (the
+    same units, mesh and mixed precision) and give it the policy's current shards: a frozen
+    copy of the starting weights at one model's memory per rank more, divided by the ranks."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from hyper_core.adapters.hf import match_modules
+    from hyper_core.parallel.materialize import materialize
+
+    for name in reversed(match_modules(reference, plan.sharding_units)):
+        fully_shard(reference.get_submodule(name), mesh=dist.mesh, mp_policy=mp_policy)
+    fully_shard(reference, mesh=dist.mesh, mp_policy=mp_policy)
+    materialize(reference, dist.device)
+    sources = dict(policy.named_parameters())
+    buffers = dict(policy.named_buffers())
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            source = sources[name]
+            local.copy_(source.to_local() if hasattr(source, "to_local") else source)
+        for name, b in reference.named_buffers():
+            b.copy_(buffers[name])

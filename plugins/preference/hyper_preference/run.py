@@ -20,7 +20,14 @@ from hyper_core.errors import ConfigError, RunFailed
 from .batching import SEQUENCE_FIELD, pair_collate
 from .data import PAIR_KEY, SIDE_KEY
 from .loss import REFERENCE_KEY, pair_terms, reward_sums, sequence_logps
-from .reference import PRECOMPUTED_FILE, adapters_disabled, load_precomputed, save_precomputed
+from .reference import (
+    PRECOMPUTED_FILE,
+    adapters_disabled,
+    load_precomputed,
+    meta_copy,
+    save_precomputed,
+    shard_like,
+)
 from .vision import SharedImages
 
 if TYPE_CHECKING:
@@ -55,13 +62,14 @@ class PreferenceRun:
         peft = config.section("peft")
         lora = peft is not None and getattr(peft, "enabled", False)
         self.mode = cfg.reference_mode(lora) if cfg.uses_reference else None
-        if self.mode == "copy" and config.parallel.strategy == "fsdp2":
+        parallel = config.parallel
+        if self.mode == "copy" and (parallel.cp > 1 or parallel.ep > 1):
             raise ConfigError(
                 [
                     (
                         "$.preference.reference",
-                        "a frozen copy is not sharded under fsdp2 yet: use "
-                        'reference = "precompute", or train [peft] adapters ("adapters_off")',
+                        "a frozen copy is not split for [parallel] cp or ep yet: use "
+                        '"precompute", or [peft] adapters ("adapters_off")',
                     )
                 ]
             )
@@ -93,15 +101,27 @@ class PreferenceRun:
         label rows only: that wrapper reads its model's own forward's mask, which a copy
         would not share."""
         self.trainer = trainer
+        sharded = self.mode == "copy" and self._shards(trainer)
+        if stage == "build_model" and sharded:
+            self.reference_model = meta_copy(result)  # before the strategy shards the policy
         if stage != "build_get_batch":
             return
-        if self.mode == "copy":
+        if sharded:
+            plan = trainer.adapter.parallel_plan(trainer.unwrapped_model)
+            mp = trainer.strategy.mixed_precision()
+            shard_like(self.reference_model, trainer.unwrapped_model, plan, trainer.dist, mp)
+        elif self.mode == "copy":
             self.reference_model = copy.deepcopy(trainer.unwrapped_model).requires_grad_(False)
         if self.vision is not None:
             self.shared_images = SharedImages(trainer.adapter, self.vision)
             for model in (trainer.unwrapped_model, self.reference_model):
                 if model is not None:
                     self.shared_images.install(model)
+
+    @staticmethod
+    def _shards(trainer: Any) -> bool:
+        """Whether the policy is sharded by fsdp2 (the copy is then sharded like it)."""
+        return trainer.dist.world_size > 1 and trainer.strategy.name == "fsdp2"
 
     def _shared_vision(self, runtime: Any) -> Any:
         """The vision encoder spec when a pair's images can be encoded once, else None."""
