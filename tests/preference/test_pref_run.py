@@ -182,3 +182,20 @@ def test_preference_options_without_loss_are_rejected(tmp_path: Path, pairs: Pat
     raw["preference"] = {"beta": 0.3}
     with pytest.raises(ConfigError, match=r"\$\.preference\.loss: not set"):
         train(raw)
+
+
+@pytest.mark.parametrize("loss", ["simpo", "orpo"])
+def test_reference_free_objectives_train_without_a_reference(tmp_path: Path, loss: str) -> None:
+    few = write_text_pairs(tmp_path / "few.jsonl", 8)
+    raw = dpo_config(
+        tmp_path / loss,
+        few,
+        preference={"loss": loss, "beta": 2.0},
+        training={"steps": 6, "lr": 3e-3},
+    )
+    run = train(raw)
+    (pref,) = [cb for cb in run.trainer.callbacks if type(cb).__name__ == "PreferenceRun"]
+    assert pref.mode is None and pref.reference_model is None  # no reference forward
+    logged = [m for m in run.metrics if "loss" in m]
+    assert logged[-1]["loss"] < logged[0]["loss"]
+    assert logged[-1]["rewards/margin"] > logged[0]["rewards/margin"]
