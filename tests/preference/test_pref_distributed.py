@@ -94,3 +94,35 @@ def test_two_fsdp2_ranks_match_one_rank(runs: dict[str, tuple[Path, Path]], job:
     assert mine["eval_pairs"] == single["eval_pairs"] == 8
     for key in ("eval_loss", "rewards/chosen", "rewards/rejected", "rewards/accuracy"):
         assert mine[key] == pytest.approx(single[key], abs=1e-5), key
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("reference", ["copy", "precompute"])
+def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, reference: str) -> None:
+    """Killed while step 6 runs, resumed from step 4: steps 5-8 as in one straight run (the
+    copy rebuilt from the starting weights, the precomputed log-probs read back)."""
+    import signal
+
+    from dist_helpers import write_toml
+
+    pairs = write_text_pairs(tmp_path / "pairs.jsonl", 32)
+    training = {"steps": 8, "lr": 1e-3, "global_batch_size": 4, "micro_batch_size": 2}
+    preference = {"reference": reference}
+    straight = tmp_path / "straight"
+    train_here(dpo_config(straight, pairs, training=training, preference=preference))
+    out = tmp_path / "killed"
+    checkpoint = {"every_steps": 4, "resume": "auto"}
+    raw = dpo_config(out, pairs, training=training, preference=preference, checkpoint=checkpoint)
+    toml = write_toml(raw, tmp_path / "killed.toml")
+    proc = processes.hyper_train(
+        ["run", str(toml), "--plugin", "chaos_plugin"],
+        importable=(DISTRIBUTED, REPO),
+        timeout=300,
+        HT_KILL_AT_STEP="5",
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert max(losses(out)) == 5
+    train_here(raw)
+    got, want = losses(out), losses(straight)
+    assert {s: got[s] for s in range(5, 9)} == {s: want[s] for s in range(5, 9)}
+    assert abs(want[8] - 0.6931) > 1e-3
