@@ -201,3 +201,76 @@ def test_orpo_equals_trl_odds_ratio_plus_nll() -> None:
     )
     torch.testing.assert_close(mine.losses, -average[0::2] - ratio, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(mine.chosen_rewards, chosen)
+
+
+def test_vl_dpo_with_images_once_equals_trl(tmp_path: Path) -> None:
+    """The tiny Qwen2.5-VL on 4 shapes pairs: the plugin's packed pairs with each image encoded
+    once give TRL's loss and gradients (TRL: padded rows, each with its own image)."""
+    from trl.trainer.dpo_trainer import DPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from hyper_preference.shapes import load_shapes_pairs_format
+    from hyper_preference.vision import SharedImages
+
+    host = isolated_host([PLUGIN, "hyper_qwen_vl.plugin"])
+    raw = dpo_config(tmp_path / "out", tmp_path / "unused.jsonl")
+    raw["model"] = {"adapter": "qwen2_5_vl", "config": "tiny"}
+    raw["data"]["max_seq_len"] = 256
+    config = load_config_dict(raw, sections=host.registries.config_sections)
+    adapter = resolve_adapter(config.model, host.registries)
+    assets = adapter.build_assets(config.model)
+    torch.manual_seed(0)
+    policy = adapter.build_model(config.model)
+    reference = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    theirs, their_reference = copy.deepcopy(policy), copy.deepcopy(reference)
+    spec = adapter.parallel_plan(policy).vision_encoder
+    hook = SharedImages(adapter, spec)
+    for model in (policy, reference):
+        hook.install(model)
+    transform = PairTransform(lambda s: adapter.transform(s, assets=assets, max_seq_len=256))
+    options = {"num_samples": 4, "image_size": 56, "seed": 5}
+    pairs = [transform(s) for s in load_shapes_pairs_format(None, options, tmp_path)]
+    runtime = resolve_runtime(config, adapter, assets, host.registries)
+
+    mb = keep_label_positions(PairBatching(runtime, spec).collate(pairs)[0])
+    model_inputs, loss_inputs = runtime.to_device(mb, torch.device("cpu"))
+    kwargs = adapter.forward_kwargs()
+    with torch.no_grad():
+        ref = sequence_logps(reference(**model_inputs, **kwargs).logits, loss_inputs).logps
+    cfg = PreferenceConfig(loss="sigmoid", beta=0.5)
+    terms = pair_terms(
+        cfg, sequence_logps(policy(**model_inputs, **kwargs).logits, loss_inputs), ref
+    )
+    loss = terms.losses.sum() / len(pairs)
+    loss.backward()
+    assert (hook.encoded, hook.received) == (8, 16)  # policy + reference, 4 images each
+
+    batch = _trl_batch(pairs, assets.pad_token_id)
+    rows = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    batch["pixel_values"] = torch.cat([f.media["pixel_values"] for f in rows])
+    batch["image_grid_thw"] = torch.cat([f.media["image_grid_thw"] for f in rows])
+    # The adapter's mRoPE positions, padded: with the model's own (get_rope_index on TRL's
+    # padded rows) the loss differs by 2.4e-4 on this batch, a matter of the positions, not of
+    # the pair objective (with them, images once or each side's own give the same result).
+    width = batch["input_ids"].shape[1]
+    positions = torch.zeros(rows[0].position_ids.shape[0], len(rows), width, dtype=torch.long)
+    for i, f in enumerate(rows):
+        positions[:, i, : f.length] = f.position_ids
+    batch["position_ids"] = positions
+    for model in (theirs, their_reference):
+        model.config._attn_implementation = "sdpa"
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    fake = _trl_self(0.5, their_reference)
+    fake.model = theirs
+    their_loss = DPOTrainer._compute_loss(fake, theirs, batch, False)
+    their_loss.backward()
+
+    torch.testing.assert_close(loss, their_loss, rtol=1e-5, atol=1e-5)
+    mine = dict(policy.named_parameters())
+    grads = [(n, p.grad) for n, p in theirs.named_parameters() if p.grad is not None]
+    assert any("visual" in n for n, _ in grads)
+    for name, grad in grads:
+        torch.testing.assert_close(mine[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
