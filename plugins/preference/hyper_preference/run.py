@@ -108,8 +108,11 @@ class PreferenceRun:
             return
         if sharded:
             plan = trainer.adapter.parallel_plan(trainer.unwrapped_model)
-            mp = trainer.strategy.mixed_precision()
-            shard_like(self.reference_model, trainer.unwrapped_model, plan, trainer.dist, mp)
+            strategy = trainer.strategy
+            # encoder_parallel wraps its base strategy (fsdp2), whose policy this is
+            policy_of = getattr(strategy, "mixed_precision", None) or strategy.base.mixed_precision
+            model = trainer.unwrapped_model
+            shard_like(self.reference_model, model, plan, trainer.dist, policy_of())
         elif self.mode == "copy":
             self.reference_model = copy.deepcopy(trainer.unwrapped_model).requires_grad_(False)
         if self.vision is not None:
@@ -121,7 +124,9 @@ class PreferenceRun:
     @staticmethod
     def _shards(trainer: Any) -> bool:
         """Whether the policy is sharded by fsdp2 (the copy is then sharded like it)."""
-        return trainer.dist.world_size > 1 and trainer.strategy.name == "fsdp2"
+        strategy = trainer.strategy
+        shards = getattr(strategy, "shards_parameters", False) or strategy.name == "fsdp2"
+        return trainer.dist.world_size > 1 and shards
 
     def _shared_vision(self, runtime: Any) -> Any:
         """The vision encoder spec when a pair's images can be encoded once, else None."""
