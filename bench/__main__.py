@@ -22,6 +22,7 @@ BENCHMARKS = (
     "data",
     "moe",
     "cp",
+    "preference",
 )
 
 

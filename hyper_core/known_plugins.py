@@ -42,6 +42,7 @@ FIRST_PARTY: tuple[FirstParty, ...] = (
     ),
     FirstParty(distribution="hyper-train-memory-profiler", sections=("memory_profiler",)),
     FirstParty(distribution="hyper-train-peft", sections=("peft",)),
+    FirstParty(distribution="hyper-train-preference", sections=("preference",)),
 )
 
 

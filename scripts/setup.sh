@@ -27,6 +27,7 @@ for d in adapters/* plugins/*; do
   names+=("${d#*/}")
   case "$d" in
     adapters/qwen-vl) pkgs+=(-e "$d[video]") ;;  # PyAV: the video tests decode files
+    plugins/preference) pkgs+=(-e "$d[test]") ;;  # trl: the DPO loss-equivalence tests
     *) pkgs+=(-e "$d") ;;
   esac
 done

@@ -1,0 +1,1 @@
+"""hyper-train-preference: preference training (DPO, SimPO, ORPO) as a plugin."""
