@@ -183,12 +183,12 @@ def register_dataset_formats(register: Register) -> None:
     ``path`` (or the plain string of ``[data] train``), ``options`` its other keys (without
     ``format`` and ``image_dir``), ``base_dir`` the config file's directory. It returns a list
     of fresh raw sample dicts (see :class:`~hyper_core.data.DatasetFormat`). The core
-    registers ``jsonl``, ``parquet`` and ``hf`` conversations and the demo sets ``shapes`` and
-    ``moving_shapes``.
+    registers ``jsonl``, ``parquet`` and ``hf`` conversations (``hyper_core.builtin.formats``)
+    and the demo sets ``shapes`` and ``moving_shapes`` (``hyper_core.demo.plugin``).
 
     ``options=`` declares the format's options as an attrs class (or ``"module:Class"``, as the
     core's :class:`~hyper_core.data.jsonl.JsonlOptions` and
-    :class:`~hyper_core.data.shapes.ShapesOptions`): they are then validated with the rest of
+    :class:`~hyper_core.demo.shapes.ShapesOptions`): they are then validated with the rest of
     the config (``hyper-train config validate`` names ``$.data.train.KEY``, unknown keys
     included) and ``options`` is an instance of the class. Without it, ``options`` is the dict,
     checked only when the run reads the data.
@@ -624,8 +624,10 @@ def build_callbacks(
     ``@hookimpl`` methods receive the rest of the run: ``on_stage_end`` of every later stage
     (``build_callbacks`` first), the build stages themselves (e.g. a ``parallelize_model``
     wrapper) and all lifecycle events. ``adapter`` is the run's
-    :class:`~hyper_core.adapters.ModelAdapter`; the model is not built yet. The core returns
-    the progress display on rank 0.
+    :class:`~hyper_core.adapters.ModelAdapter`; the model is not built yet. The core's
+    plugins return the progress display on rank 0 (``hyper_core.builtin.progress``), the MoE
+    routing statistics with ``[parallel] ep > 1`` (``hyper_core.builtin.moe_stats``) and the
+    step profiler with ``[logging] profile_steps`` (``hyper_core.builtin.step_profiler``).
 
     An object with ``runs_vision_encoder_on_every_rank = True`` makes every rank call the
     vision encoder in every micro-step itself, so batching adds no vision filler to image-less

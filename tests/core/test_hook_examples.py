@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hyper_core import hookimpl
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.docgen import example_of, render_hooks
 from hyper_core.hookspecs import (
     BUILD_STAGES,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hyper_core import hookimpl
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.errors import UserError
 from hyper_core.parallel.checkpointing import unit_policy
 from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
