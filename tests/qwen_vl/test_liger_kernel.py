@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from hyper_core.resolve import resolve_adapter
 from hyper_core.config import load_config_dict
 from hyper_core.errors import ConfigError
 from hyper_core.parallel.liger import apply_liger_kernel
 from hyper_core.plugins import get_plugin_host
+from hyper_core.resolve import resolve_adapter
 from hyper_core.testing import run_tiny_training, tiny_text_config
 from hyper_core.testing.vl import loss_and_grads, micro_batch, vl_samples, write_test_images
 
