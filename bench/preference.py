@@ -20,7 +20,7 @@ def _setup(pairs: int) -> dict[str, Any]:
 
     from hyper_core.batching.resolve import resolve_runtime
     from hyper_core.config import load_config_dict
-    from hyper_core.data.shapes import ShapesOptions
+    from hyper_core.demo.shapes import ShapesOptions
     from hyper_core.plugins import get_plugin_host
     from hyper_core.resolve import resolve_adapter
     from hyper_core.step.label_positions import keep_label_positions

@@ -26,7 +26,7 @@ WORDS = "red green blue circle square triangle small large light dark left right
 
 def make_data(out: Path, n: int, seed: int = 0) -> Path:
     """JSONL conversations: one shape image, a question, a long-tailed answer."""
-    from hyper_core.data.shapes import ensure_shapes
+    from hyper_core.demo.shapes import ensure_shapes
 
     shapes = ensure_shapes(num_samples=n, image_size=112, seed=seed, split="train")
     jsonl = Path(shapes)

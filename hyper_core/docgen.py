@@ -19,191 +19,34 @@ from . import hookspecs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-#: A short, realistic implementation per hook (completed below with the ``Example::`` blocks of
-#: the hookspec docstrings). tests/core/test_hook_examples.py runs each in a tiny run (free names
-#: such as ``COUNTER`` get stand-ins there).
-EXAMPLES: dict[str, str] = {
-    "register_batching_runtimes": (
-        "@hookimpl\ndef register_batching_runtimes(register):\n"
-        '    register("sorted_padded", "my_pkg.batching:SortedPaddedRuntime")'
-    ),
-    "register_parallel_strategies": (
-        "@hookimpl\ndef register_parallel_strategies(register):\n"
-        '    register("encoder_parallel", "hyper_encoder_parallel.strategy:EncoderParallel")'
-    ),
-    "register_commands": (
-        "@hookimpl\ndef register_commands(register):\n"
-        "    def add_arguments(parser):\n"
-        '        parser.add_argument("output_dir")\n'
-        "    def run(args):\n"
-        "        print(args.output_dir)\n"
-        "        return 0\n"
-        '    register("where", add_arguments, run, help="print a run directory")'
-    ),
-    "setup_distributed": (
-        "@hookimpl(wrapper=True)\ndef setup_distributed(config):\n"
-        "    dist = yield\n"
-        '    print(f"rank {dist.rank} of {dist.world_size} on {dist.device}")\n'
-        "    return dist"
-    ),
-    "build_loss": (
-        "@hookimpl\ndef build_loss(config, adapter):\n"
-        "    def loss_fn(outputs, loss_inputs, num_loss_tokens):\n"
-        '        labels = loss_inputs["labels"]\n'
-        "        nll = torch.nn.functional.cross_entropy(\n"
-        '            outputs.logits.flatten(0, -2).float(), labels.flatten(), reduction="sum")\n'
-        "        return nll / num_loss_tokens, {}\n"
-        "    return loss_fn"
-    ),
-    "build_model_assets": (
-        "@hookimpl(wrapper=True)\ndef build_model_assets(config, adapter):\n"
-        "    assets = yield\n"
-        '    assets.tokenizer.padding_side = "left"\n'
-        "    return assets"
-    ),
-    "build_data_transform": (
-        "@hookimpl(wrapper=True)\ndef build_data_transform(config, adapter, assets):\n"
-        "    transform = yield\n"
-        "    def without_system_turns(sample):\n"
-        '        messages = [m for m in sample["messages"] if m["role"] != "system"]\n'
-        '        return transform({**sample, "messages": messages})\n'
-        "    return without_system_turns"
-    ),
-    "build_dataset": (
-        "@hookimpl(wrapper=True)\ndef build_dataset(config, transform, dist, registries):\n"
-        "    splits = yield\n"
-        '    print(f"{len(splits.train)} training samples")\n'
-        "    return splits"
-    ),
-    "build_collate_fn": (
-        "@hookimpl(wrapper=True)\ndef build_collate_fn(config, runtime, assets):\n"
-        "    collate = yield\n"
-        "    return lambda features: collate(sorted(features, key=lambda f: f.length))"
-    ),
-    "build_dataloader": (
-        "@hookimpl(wrapper=True)\ndef build_dataloader(config, datasets, collate_fn, dist):\n"
-        "    loaders = yield\n"
-        '    print(f"{loaders.train.steps_per_epoch} steps per epoch")\n'
-        "    return loaders"
-    ),
-    "build_get_batch": (
-        "@hookimpl(wrapper=True)\ndef build_get_batch(config, runtime, dist):\n"
-        "    get_batch = yield\n"
-        "    def get_batch_bf16(micro_batch):\n"
-        "        model_inputs, loss_inputs = get_batch(micro_batch)\n"
-        '        if "pixel_values" in model_inputs:\n'
-        '            model_inputs["pixel_values"] = model_inputs["pixel_values"].bfloat16()\n'
-        "        return model_inputs, loss_inputs\n"
-        "    return get_batch_bf16"
-    ),
-    "compute_train_iters": (
-        "@hookimpl\ndef compute_train_iters(config, dataloaders, dist):\n"
-        "    return min(config.training.steps or 10**9, 2 * dataloaders.train.steps_per_epoch)"
-    ),
-    "build_optimizer": (
-        "@hookimpl\ndef build_optimizer(config, model):\n"
-        "    return torch.optim.SGD(model.parameters(), lr=config.training.lr, momentum=0.9)"
-    ),
-    "build_lr_scheduler": (
-        "@hookimpl\ndef build_lr_scheduler(config, optimizer, train_iters):\n"
-        "    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, train_iters // 3))"
-    ),
-    "build_training_context": (
-        "@hookimpl\ndef build_training_context(config, model, dist):\n"
-        "    return lambda: torch.autocast(dist.device.type, dtype=torch.float16)"
-    ),
-    "build_evaluator": (
-        "@hookimpl(wrapper=True)\ndef build_evaluator(config, dist):\n"
-        "    evaluator = yield\n"
-        "    class WithBestLoss:\n"
-        '        best = float("inf")\n'
-        "        def evaluate(self):\n"
-        "            metrics = evaluator.evaluate()\n"
-        '            self.best = min(self.best, metrics["eval_loss"])\n'
-        '            metrics["best_eval_loss"] = self.best\n'
-        "            return metrics\n"
-        "    return WithBestLoss()"
-    ),
-    "build_checkpointer": (
-        "@hookimpl(wrapper=True)\ndef build_checkpointer(config, dist, model, optimizer,\n"
-        "                       lr_scheduler, dataloaders):\n"
-        "    checkpointer = yield\n"
-        '    print(f"checkpoints go to {checkpointer.root}")\n'
-        "    return checkpointer"
-    ),
-    "on_stage_end": (
-        "@hookimpl\ndef on_stage_end(stage, result, trainer):\n"
-        '    if stage == "build_model":\n'
-        '        print(sum(p.numel() for p in result.parameters()), "parameters")'
-    ),
-    "on_train_begin": (
-        "@hookimpl\ndef on_train_begin(trainer, state):\n"
-        '    print(f"training {trainer.train_iters} steps from step {state.global_step}")'
-    ),
-    "on_epoch_begin": (
-        '@hookimpl\ndef on_epoch_begin(trainer, state, epoch):\n    print(f"epoch {epoch}")'
-    ),
-    "on_step_begin": (
-        "@hookimpl\ndef on_step_begin(trainer, state, micro_batches):\n"
-        "    images = sum(mb.num_images for mb in micro_batches)\n"
-        '    print(f"step {state.global_step + 1}: {images} images")'
-    ),
-    "on_micro_step_end": (
-        "@hookimpl\ndef on_micro_step_end(trainer, state, micro_step, loss):\n"
-        '    assert torch.isfinite(loss), f"non-finite loss in micro-step {micro_step}"'
-    ),
-    "on_step_end": (
-        "@hookimpl\ndef on_step_end(trainer, state, loss, loss_dict, grad_norm):\n"
-        "    if grad_norm is not None and grad_norm > 100:\n"
-        '        print(f"step {state.global_step}: grad norm {grad_norm:.1f}")'
-    ),
-    "on_log": (
-        "@hookimpl\ndef on_log(trainer, state, metrics):\n"
-        '    metrics["lr_x1000"] = metrics["lr"] * 1000  # written to metrics.jsonl'
-    ),
-    "on_evaluate": (
-        "@hookimpl\ndef on_evaluate(trainer, state, metrics):\n"
-        '    print("eval loss", metrics["eval_loss"])'
-    ),
-    "on_save_checkpoint": (
-        "@hookimpl\ndef on_save_checkpoint(trainer, state, plugin_state):\n"
-        '    plugin_state["my_plugin"] = {"seen_images": COUNTER.value}'
-    ),
-    "on_load_checkpoint": (
-        "@hookimpl\ndef on_load_checkpoint(trainer, state, plugin_state):\n"
-        '    COUNTER.value = plugin_state.get("my_plugin", {}).get("seen_images", 0)'
-    ),
-    "on_epoch_end": (
-        "@hookimpl\ndef on_epoch_end(trainer, state, epoch):\n"
-        '    print(f"epoch {epoch} done at step {state.global_step}")'
-    ),
-    "on_train_end": (
-        "@hookimpl\ndef on_train_end(trainer, state):\n"
-        '    print(f"finished after {state.global_step} steps")'
-    ),
-    "on_train_error": (
-        "@hookimpl\ndef on_train_error(trainer, state, exc):\n"
-        "    dump_debug_state(trainer, reason=repr(exc))  # the error still propagates"
-    ),
-}
+
+def _split_docstring(name: str) -> tuple[str, str | None]:
+    """Hook ``name``'s docstring as (prose, the code of its ``Example::`` block or None)."""
+    doc = inspect.cleandoc(getattr(hookspecs, name).__doc__ or "")
+    prose, found, rest = doc.partition("Example::\n")
+    if not found:
+        return doc, None
+    return prose.rstrip(), textwrap.dedent(rest).strip()
 
 
 def docstring_example(name: str) -> str | None:
     """The ``Example::`` block of hook ``name``'s docstring, if it has one."""
-    doc = inspect.cleandoc(getattr(hookspecs, name).__doc__ or "")
-    _, found, rest = doc.partition("Example::\n")
-    return textwrap.dedent(rest).strip() if found else None
+    return _split_docstring(name)[1]
 
 
-for _name in (
+ALL_HOOKS: list[str] = (
     hookspecs.REGISTRATION_HOOKS
     + hookspecs.BUILD_STAGES
     + hookspecs.LIFECYCLE_EVENTS
     + hookspecs.COMMAND_HOOKS
-):
-    _example = docstring_example(_name)
-    if _example is not None:  # the docstring's example is the one shown
-        EXAMPLES[_name] = _example
+)
+
+#: Each hook's example, read from its hookspec docstring (the one place they are written).
+#: tests/core/test_hook_examples.py runs each in a tiny run (free names such as ``COUNTER`` get
+#: stand-ins there).
+EXAMPLES: dict[str, str] = {
+    name: example for name in ALL_HOOKS if (example := docstring_example(name)) is not None
+}
 
 _SECTIONS = (
     (
@@ -243,7 +86,7 @@ def _signature(fn: Any) -> str:
 
 
 def example_of(name: str) -> str | None:
-    """The example shown for hook ``name`` (:data:`EXAMPLES`' entry), or None."""
+    """The example shown for hook ``name`` (its docstring's ``Example::`` block), or None."""
     return EXAMPLES.get(name)
 
 
@@ -265,9 +108,9 @@ def render_hooks() -> str:
         for name in names:
             fn = getattr(hookspecs, name)
             out += [f"### `{_signature(fn)}`", ""]
-            out += [inspect.cleandoc(fn.__doc__ or ""), ""]
-            example = EXAMPLES.get(name)
-            if example and docstring_example(name) is None:  # else the docstring shows it
+            prose, example = _split_docstring(name)
+            out += [prose, ""]
+            if example is not None:
                 out += ["```python", example, "```", ""]
     return "\n".join(out).rstrip() + "\n"
 

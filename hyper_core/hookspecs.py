@@ -149,6 +149,12 @@ def register_batching_runtimes(register: Register) -> None:
     ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a
     :class:`~hyper_core.batching.BatchingRuntime` subclass or ``"module:Class"``. The core
     registers ``padded`` and ``packed``.
+
+    Example::
+
+        @hookimpl
+        def register_batching_runtimes(register):
+            register("sorted_padded", "my_pkg.batching:SortedPaddedRuntime")
     """
 
 
@@ -159,6 +165,12 @@ def register_parallel_strategies(register: Register) -> None:
     ``register(name, ref, *, aliases=(), overrides=None)`` with ``ref`` a
     :class:`~hyper_core.parallel.ParallelStrategy` subclass or ``"module:Class"``. The core
     registers ``none``, ``ddp`` and ``fsdp2``.
+
+    Example::
+
+        @hookimpl
+        def register_parallel_strategies(register):
+            register("encoder_parallel", "hyper_encoder_parallel.strategy:EncoderParallel")
     """
 
 
@@ -171,12 +183,12 @@ def register_dataset_formats(register: Register) -> None:
     ``path`` (or the plain string of ``[data] train``), ``options`` its other keys (without
     ``format`` and ``image_dir``), ``base_dir`` the config file's directory. It returns a list
     of fresh raw sample dicts (see :class:`~hyper_core.data.DatasetFormat`). The core
-    registers ``jsonl``, ``parquet`` and ``hf`` conversations and the demo sets ``shapes`` and
-    ``moving_shapes``.
+    registers ``jsonl``, ``parquet`` and ``hf`` conversations (``hyper_core.builtin.formats``)
+    and the demo sets ``shapes`` and ``moving_shapes`` (``hyper_core.demo.plugin``).
 
     ``options=`` declares the format's options as an attrs class (or ``"module:Class"``, as the
     core's :class:`~hyper_core.data.jsonl.JsonlOptions` and
-    :class:`~hyper_core.data.shapes.ShapesOptions`): they are then validated with the rest of
+    :class:`~hyper_core.demo.shapes.ShapesOptions`): they are then validated with the rest of
     the config (``hyper-train config validate`` names ``$.data.train.KEY``, unknown keys
     included) and ``options`` is an instance of the class. Without it, ``options`` is the dict,
     checked only when the run reads the data.
@@ -217,6 +229,17 @@ def register_commands(register: RegisterCommand) -> None:
     ``register(name, add_arguments, run, help="")``: ``add_arguments(parser)`` fills an argparse
     sub-parser; ``run(args) -> int | None`` executes the command and returns an exit code. Both
     must import heavy modules lazily.
+
+    Example::
+
+        @hookimpl
+        def register_commands(register):
+            def add_arguments(parser):
+                parser.add_argument("output_dir")
+            def run(args):
+                print(args.output_dir)
+                return 0
+            register("where", add_arguments, run, help="print a run directory")
     """
 
 
@@ -232,6 +255,14 @@ def setup_distributed(config: Config) -> DistEnv | None:
     Receives the validated :class:`~hyper_core.config.Config`. Returns a
     :class:`~hyper_core.types.DistEnv` (rank, world size, device, mesh). The default reads the
     torchrun environment; without it the run is a single process.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def setup_distributed(config):
+            dist = yield
+            print(f"rank {dist.rank} of {dist.world_size} on {dist.device}")
+            return dist
     """
 
 
@@ -330,12 +361,32 @@ def build_loss(config: Config, adapter: ModelAdapter) -> LossFn | None:
     decoder layer's per-token modules then run at those positions only (the adapter's
     ``label_row_modules``), so the final hidden states of the other positions are not
     meaningful: a loss that needs them sets ``logits_at_labels_only = False`` on its adapter.
+
+    Example::
+
+        @hookimpl
+        def build_loss(config, adapter):
+            def loss_fn(outputs, loss_inputs, num_loss_tokens):
+                labels = loss_inputs["labels"]
+                nll = torch.nn.functional.cross_entropy(
+                    outputs.logits.flatten(0, -2).float(), labels.flatten(), reduction="sum")
+                return nll / num_loss_tokens, {}
+            return loss_fn
     """
 
 
 @hookspec(firstresult=True)
 def build_model_assets(config: Config, adapter: ModelAdapter) -> ModelAssets | None:
-    """Return the :class:`~hyper_core.types.ModelAssets` (tokenizer, processor) of the model."""
+    """Return the :class:`~hyper_core.types.ModelAssets` (tokenizer, processor) of the model.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_model_assets(config, adapter):
+            assets = yield
+            assets.tokenizer.padding_side = "left"
+            return assets
+    """
 
 
 @hookspec(firstresult=True)
@@ -346,6 +397,16 @@ def build_data_transform(
 
     The transform raises :class:`~hyper_core.data.SampleError` for a bad sample; the dataset
     skips and counts it (or stops, with ``[data] on_error = "raise"``).
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_data_transform(config, adapter, assets):
+            transform = yield
+            def without_system_turns(sample):
+                messages = [m for m in sample["messages"] if m["role"] != "system"]
+                return transform({**sample, "messages": messages})
+            return without_system_turns
     """
 
 
@@ -353,7 +414,16 @@ def build_data_transform(
 def build_dataset(
     config: Config, transform: Transform, dist: DistEnv, registries: Registries
 ) -> DatasetSplits | None:
-    """Return the :class:`~hyper_core.types.DatasetSplits` (train and optional eval)."""
+    """Return the :class:`~hyper_core.types.DatasetSplits` (train and optional eval).
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_dataset(config, transform, dist, registries):
+            splits = yield
+            print(f"{len(splits.train)} training samples")
+            return splits
+    """
 
 
 @hookspec(firstresult=True)
@@ -366,6 +436,13 @@ def build_collate_fn(
     micro-batches, built by the batching ``runtime``. The default honours ``[data]
     max_tokens_per_micro_batch`` (:class:`~hyper_core.batching.token_budget.TokenBudgetCollate`);
     a replacement that ignores it gets fixed-size micro-batches.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_collate_fn(config, runtime, assets):
+            collate = yield
+            return lambda features: collate(sorted(features, key=lambda f: f.length))
     """
 
 
@@ -380,6 +457,14 @@ def build_dataloader(
     ``dist`` is the data-parallel view (``DistEnv.data_view()``): with ``[parallel] cp`` the
     ranks of a cp group share one data shard, so shard by its ``rank``/``world_size`` and do
     no collectives with it.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_dataloader(config, datasets, collate_fn, dist):
+            loaders = yield
+            print(f"{loaders.train.steps_per_epoch} steps per epoch")
+            return loaders
     """
 
 
@@ -391,24 +476,57 @@ def build_get_batch(config: Config, runtime: BatchingRuntime, dist: DistEnv) -> 
     host) and returns the two dicts of tensors on ``dist.device``: ``model_inputs`` go to the
     model's forward, ``loss_inputs`` (``labels``) to the loss. The default is the runtime's
     ``to_device``.
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_get_batch(config, runtime, dist):
+            get_batch = yield
+            def get_batch_bf16(micro_batch):
+                model_inputs, loss_inputs = get_batch(micro_batch)
+                if "pixel_values" in model_inputs:
+                    model_inputs["pixel_values"] = model_inputs["pixel_values"].bfloat16()
+                return model_inputs, loss_inputs
+            return get_batch_bf16
     """
 
 
 @hookspec(firstresult=True)
 def compute_train_iters(config: Config, dataloaders: DataLoaders, dist: DistEnv) -> int | None:
-    """Return the number of optimizer steps of the run (``steps``, or ``epochs`` × steps/epoch)."""
+    """Return the number of optimizer steps of the run (``steps``, or ``epochs`` × steps/epoch).
+
+    Example::
+
+        @hookimpl
+        def compute_train_iters(config, dataloaders, dist):
+            return min(config.training.steps or 10**9, 2 * dataloaders.train.steps_per_epoch)
+    """
 
 
 @hookspec(firstresult=True)
 def build_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-    """Return the ``torch.optim.Optimizer`` (default: AdamW, no weight decay on 1-D params)."""
+    """Return the ``torch.optim.Optimizer`` (default: AdamW, no weight decay on 1-D params).
+
+    Example::
+
+        @hookimpl
+        def build_optimizer(config, model):
+            return torch.optim.SGD(model.parameters(), lr=config.training.lr, momentum=0.9)
+    """
 
 
 @hookspec(firstresult=True)
 def build_lr_scheduler(
     config: Config, optimizer: torch.optim.Optimizer, train_iters: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """Return the LR scheduler (constant, linear or cosine, with linear warmup)."""
+    """Return the LR scheduler (constant, linear or cosine, with linear warmup).
+
+    Example::
+
+        @hookimpl
+        def build_lr_scheduler(config, optimizer, train_iters):
+            return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, train_iters // 3))
+    """
 
 
 @hookspec(firstresult=True)
@@ -418,6 +536,12 @@ def build_training_context(
     """Return a zero-argument callable giving the context manager around each forward.
 
     The default enables bf16 autocast with ``[training] mixed_precision = "bf16"``.
+
+    Example::
+
+        @hookimpl
+        def build_training_context(config, model, dist):
+            return lambda: torch.autocast(dist.device.type, dtype=torch.float16)
     """
 
 
@@ -445,6 +569,20 @@ def build_evaluator(
     every rank runs as many as the others. A ``samples`` entry is written to
     ``eval_samples.jsonl``. ``get_batch`` is the run's, with the label positions marked first
     when the model computes logits only there (as in training; see ``build_loss``).
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_evaluator(config, dist):
+            evaluator = yield
+            class WithBestLoss:
+                best = float("inf")
+                def evaluate(self):
+                    metrics = evaluator.evaluate()
+                    self.best = min(self.best, metrics["eval_loss"])
+                    metrics["best_eval_loss"] = self.best
+                    return metrics
+            return WithBestLoss()
     """
 
 
@@ -461,6 +599,15 @@ def build_checkpointer(
 
     The default is :class:`hyper_core.checkpoint.Checkpointer` (DCP checkpoints under
     ``output_dir/checkpoints``).
+
+    Example::
+
+        @hookimpl(wrapper=True)
+        def build_checkpointer(config, dist, model, optimizer,
+                               lr_scheduler, dataloaders):
+            checkpointer = yield
+            print(f"checkpoints go to {checkpointer.root}")
+            return checkpointer
     """
 
 
@@ -477,8 +624,10 @@ def build_callbacks(
     ``@hookimpl`` methods receive the rest of the run: ``on_stage_end`` of every later stage
     (``build_callbacks`` first), the build stages themselves (e.g. a ``parallelize_model``
     wrapper) and all lifecycle events. ``adapter`` is the run's
-    :class:`~hyper_core.adapters.ModelAdapter`; the model is not built yet. The core returns
-    the progress display on rank 0.
+    :class:`~hyper_core.adapters.ModelAdapter`; the model is not built yet. The core's
+    plugins return the progress display on rank 0 (``hyper_core.builtin.progress``), the MoE
+    routing statistics with ``[parallel] ep > 1`` (``hyper_core.builtin.moe_stats``) and the
+    step profiler with ``[logging] profile_steps`` (``hyper_core.builtin.step_profiler``).
 
     An object with ``runs_vision_encoder_on_every_rank = True`` makes every rank call the
     vision encoder in every micro-step itself, so batching adds no vision filler to image-less
@@ -511,6 +660,13 @@ def on_stage_end(stage: str, result: Any, trainer: Trainer) -> None:
 
     ``trainer`` is the :class:`~hyper_core.trainer.trainer.Trainer`; the objects built so far
     are its attributes (``trainer.model``, ``trainer.optimizer``, ...).
+
+    Example::
+
+        @hookimpl
+        def on_stage_end(stage, result, trainer):
+            if stage == "build_model":
+                print(sum(p.numel() for p in result.parameters()), "parameters")
     """
 
 
@@ -519,12 +675,25 @@ def on_train_begin(trainer: Trainer, state: TrainState) -> None:
     """All stages built and a checkpoint (if any) restored; the first step is about to run.
 
     ``state`` is the :class:`~hyper_core.types.TrainState` (``global_step``, ``epoch``, ...).
+
+    Example::
+
+        @hookimpl
+        def on_train_begin(trainer, state):
+            print(f"training {trainer.train_iters} steps from step {state.global_step}")
     """
 
 
 @hookspec
 def on_epoch_begin(trainer: Trainer, state: TrainState, epoch: int) -> None:
-    """An epoch of the train loader starts (also fires for a resumed, partial epoch)."""
+    """An epoch of the train loader starts (also fires for a resumed, partial epoch).
+
+    Example::
+
+        @hookimpl
+        def on_epoch_begin(trainer, state, epoch):
+            print(f"epoch {epoch}")
+    """
 
 
 @hookspec
@@ -532,6 +701,13 @@ def on_step_begin(trainer: Trainer, state: TrainState, micro_batches: list[Micro
     """All micro-batches of a step are fetched; forward/backward is about to start.
 
     ``micro_batches`` are the :class:`~hyper_core.types.MicroBatch` objects (still on the host).
+
+    Example::
+
+        @hookimpl
+        def on_step_begin(trainer, state, micro_batches):
+            images = sum(mb.num_images for mb in micro_batches)
+            print(f"step {state.global_step + 1}: {images} images")
     """
 
 
@@ -539,7 +715,14 @@ def on_step_begin(trainer: Trainer, state: TrainState, micro_batches: list[Micro
 def on_micro_step_end(
     trainer: Trainer, state: TrainState, micro_step: int, loss: torch.Tensor
 ) -> None:
-    """One micro-batch's forward and backward finished. ``loss`` is its (scaled) loss tensor."""
+    """One micro-batch's forward and backward finished. ``loss`` is its (scaled) loss tensor.
+
+    Example::
+
+        @hookimpl
+        def on_micro_step_end(trainer, state, micro_step, loss):
+            assert torch.isfinite(loss), f"non-finite loss in micro-step {micro_step}"
+    """
 
 
 @hookspec
@@ -553,6 +736,13 @@ def on_step_end(
     """An optimizer step finished and ``state.global_step`` was incremented.
 
     ``loss`` is the global loss of the step (all ranks), ``grad_norm`` the norm before clipping.
+
+    Example::
+
+        @hookimpl
+        def on_step_end(trainer, state, loss, loss_dict, grad_norm):
+            if grad_norm is not None and grad_norm > 100:
+                print(f"step {state.global_step}: grad norm {grad_norm:.1f}")
     """
 
 
@@ -562,12 +752,25 @@ def on_log(trainer: Trainer, state: TrainState, metrics: dict[str, Any]) -> None
 
     Implementations may add keys to ``metrics`` (they are written to ``metrics.jsonl`` after this
     hook returns, on rank 0).
+
+    Example::
+
+        @hookimpl
+        def on_log(trainer, state, metrics):
+            metrics["lr_x1000"] = metrics["lr"] * 1000  # written to metrics.jsonl
     """
 
 
 @hookspec
 def on_evaluate(trainer: Trainer, state: TrainState, metrics: dict[str, Any]) -> None:
-    """An evaluation finished; ``metrics`` holds ``eval_loss`` and whatever plugins added."""
+    """An evaluation finished; ``metrics`` holds ``eval_loss`` and whatever plugins added.
+
+    Example::
+
+        @hookimpl
+        def on_evaluate(trainer, state, metrics):
+            print("eval loss", metrics["eval_loss"])
+    """
 
 
 @hookspec
@@ -579,22 +782,49 @@ def on_save_checkpoint(trainer: Trainer, state: TrainState, plugin_state: dict[s
     back on resume. It is read with ``torch.load(weights_only=True)``, so store only plain
     data: dicts, lists, tuples, strings, numbers, booleans, ``None`` and tensors (no objects of
     your own classes).
+
+    Example::
+
+        @hookimpl
+        def on_save_checkpoint(trainer, state, plugin_state):
+            plugin_state["my_plugin"] = {"seen_images": COUNTER.value}
     """
 
 
 @hookspec
 def on_load_checkpoint(trainer: Trainer, state: TrainState, plugin_state: dict[str, Any]) -> None:
-    """A checkpoint was restored; ``plugin_state`` is what ``on_save_checkpoint`` stored."""
+    """A checkpoint was restored; ``plugin_state`` is what ``on_save_checkpoint`` stored.
+
+    Example::
+
+        @hookimpl
+        def on_load_checkpoint(trainer, state, plugin_state):
+            COUNTER.value = plugin_state.get("my_plugin", {}).get("seen_images", 0)
+    """
 
 
 @hookspec
 def on_epoch_end(trainer: Trainer, state: TrainState, epoch: int) -> None:
-    """The train loader is exhausted for ``epoch``."""
+    """The train loader is exhausted for ``epoch``.
+
+    Example::
+
+        @hookimpl
+        def on_epoch_end(trainer, state, epoch):
+            print(f"epoch {epoch} done at step {state.global_step}")
+    """
 
 
 @hookspec
 def on_train_end(trainer: Trainer, state: TrainState) -> None:
-    """The run finished normally (also after a clean stop on SIGTERM/Ctrl-C)."""
+    """The run finished normally (also after a clean stop on SIGTERM/Ctrl-C).
+
+    Example::
+
+        @hookimpl
+        def on_train_end(trainer, state):
+            print(f"finished after {state.global_step} steps")
+    """
 
 
 @hookspec
@@ -602,6 +832,12 @@ def on_train_error(trainer: Trainer, state: TrainState, exc: BaseException) -> N
     """The run failed with ``exc``. The original exception propagates after this hook.
 
     An exception raised by an implementation is logged, never raised over ``exc``.
+
+    Example::
+
+        @hookimpl
+        def on_train_error(trainer, state, exc):
+            dump_debug_state(trainer, reason=repr(exc))  # the error still propagates
     """
 
 

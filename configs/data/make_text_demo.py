@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hyper_core.data.text_demo import NUM_EVAL, NUM_TRAIN, SEEDS, render
+from hyper_core.demo.text import NUM_EVAL, NUM_TRAIN, SEEDS, render
 
 HERE = Path(__file__).resolve().parent
 TRAIN_FILE = HERE / "text_demo.jsonl"

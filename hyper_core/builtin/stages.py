@@ -354,22 +354,3 @@ def build_checkpointer(
         lr_scheduler=lr_scheduler,
         dataloaders=dataloaders,
     )
-
-
-@hookimpl
-def build_callbacks(config: Any, dist: Any) -> Any:
-    """The progress display (rank 0); the routing statistics of an expert-parallel run; the
-    step profiler of ``[logging] profile_steps``."""
-    from ..trainer.progress import Progress
-
-    objects: list[Any] = [Progress(config, dist)] if dist.is_main else []
-    if config.parallel.ep > 1:
-        from ..parallel.moe_stats import ExpertParallelStats
-
-        objects.append(ExpertParallelStats(config.parallel.ep))
-    if config.logging.profile_steps:
-        from ..trainer.profile import StepProfiler
-
-        first, last = config.logging.profile_steps
-        objects.append(StepProfiler(first, last, config.run.output_dir, dist.rank))
-    return objects or None

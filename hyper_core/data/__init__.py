@@ -33,7 +33,6 @@ from .conversation import (
 )
 from .errors import SampleError, SkipCounter
 from .jsonl import RawSample, format_source, load_jsonl_format, read_jsonl
-from .shapes import ensure_shapes, generate_shapes, load_shapes_format
 from .tokenizer import CHATML_SPECIAL_TOKENS, build_offline_tokenizer, special_token_ids
 
 if TYPE_CHECKING:
@@ -96,13 +95,10 @@ __all__ = [
     "TokenizedConversation",
     "TransformedDataset",
     "build_offline_tokenizer",
-    "ensure_shapes",
     "format_source",
-    "generate_shapes",
     "load_image",
     "load_images",
     "load_jsonl_format",
-    "load_shapes_format",
     "parse_conversation",
     "read_jsonl",
     "special_token_ids",

@@ -14,7 +14,7 @@ over the steps since the last log:
   is a row of ``hidden`` values sent there and back in forward, and again in backward);
 * ``moe/expert_param_bytes``: the most bytes of routed-expert weights any rank holds.
 
-The core registers one per run (its ``build_callbacks``).
+The core registers one per run (``hyper_core.builtin.moe_stats``' ``build_callbacks``).
 """
 
 from __future__ import annotations

@@ -29,10 +29,19 @@ ENTRY_POINT_GROUP = "hyper_train.plugins"
 STRICT_ENV = "HYPER_TRAIN_STRICT_PLUGINS"
 FILTER_ENV = "HYPER_TRAIN_PLUGINS"
 
-#: The core's own plugins, registered through the same manager as everyone else's.
+#: The core's own plugins, one module per capability, registered through the same manager as
+#: everyone else's (``hyper-train plugins`` lists them). The per-run objects' modules come last,
+#: in reverse: pluggy calls the last registered first, so ``build_callbacks`` returns the
+#: progress display, then the MoE statistics, then the step profiler (the order they are
+#: registered for the run in).
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "hyper_core.builtin.components",
+    "hyper_core.builtin.formats",
+    "hyper_core.demo.plugin",
     "hyper_core.builtin.stages",
+    "hyper_core.builtin.step_profiler",
+    "hyper_core.builtin.moe_stats",
+    "hyper_core.builtin.progress",
 )
 
 

@@ -24,7 +24,7 @@ def tiny_text_config(output_dir: str | os.PathLike[str], **sections: Mapping[str
     Keyword arguments update sections: ``tiny_text_config(d, training={"steps": 3})``. The
     data is the text demo's, written into the cache on first use (works from any install).
     """
-    from ..data.text_demo import ensure_text_demo
+    from ..demo.text import ensure_text_demo
 
     cfg: dict[str, Any] = {
         "run": {"output_dir": str(output_dir), "seed": 0},

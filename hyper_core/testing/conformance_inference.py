@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .conformance import AdapterUnderTest
+    from .conformance_fixture import AdapterUnderTest
 
 #: Tokens ``generate`` is asked for.
 NEW_TOKENS = 3

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .conformance import CHECKS, DISTRIBUTED_CHECKS, AdapterUnderTest, NotApplicable
+from .conformance import CHECKS, DISTRIBUTED_CHECKS, NotApplicable
+from .conformance_fixture import AdapterUnderTest
 
 
 class NotApplicableWarning(UserWarning):

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .conformance import AdapterUnderTest
+    from .conformance_fixture import AdapterUnderTest
 
 #: Tokens shown on each side of the first difference.
 CONTEXT = 4

@@ -26,7 +26,7 @@ TABLE_ROWS = 40
 
 
 class StepProfiler:
-    """The per-run profiler object (registered by the core's ``build_callbacks``)."""
+    """The per-run profiler object (``hyper_core.builtin.step_profiler``' ``build_callbacks``)."""
 
     def __init__(self, first: int, last: int, output_dir: str | Path, rank: int) -> None:
         self.first, self.last = first, last

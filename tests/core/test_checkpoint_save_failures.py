@@ -96,10 +96,10 @@ def _short_write_after_first_save(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_short_write_on_a_full_disk_is_named_enospc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hyper_core.checkpoint
+    import hyper_core.checkpoint.checkpointer
 
     _short_write_after_first_save(monkeypatch)
-    monkeypatch.setattr(hyper_core.checkpoint, "_free_bytes", lambda path: 8192)
+    monkeypatch.setattr(hyper_core.checkpoint.checkpointer, "_free_bytes", lambda path: 8192)
     with pytest.raises(RunFailed) as err:
         run_tiny_training(_config(tmp_path))
     ckpts = tmp_path / "checkpoints"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.inference import ChatModel, GenerationSettings
 from hyper_core.testing import TinyRun, read_metrics, run_tiny_training, tiny_text_config
 from hyper_core.trainer.evaluate import GENERATE_SLACK_TOKENS

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hyper_core.checkpoint import Checkpointer, read_extra_state
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.hookspecs import hookimpl
 from hyper_core.step.loss import causal_lm_loss
 from hyper_core.step.optim import build_adamw, build_scheduler

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hyper_core import hookimpl
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.hookspecs import BUILD_STAGES, LIFECYCLE_EVENTS
 from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
 

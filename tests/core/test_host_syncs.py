@@ -71,7 +71,7 @@ def test_a_training_step_syncs_once(tmp_path: Path, syncs: _Syncs) -> None:
 
 
 def test_an_evaluation_syncs_twice(tmp_path: Path, syncs: _Syncs) -> None:
-    from hyper_core.data.text_demo import ensure_text_demo
+    from hyper_core.demo.text import ensure_text_demo
 
     cfg = tiny_text_config(tmp_path, data={"eval": str(ensure_text_demo("eval"))})
     run = run_tiny_training(cfg, steps=1)

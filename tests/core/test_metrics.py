@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hyper_core import hookimpl
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.testing import run_tiny_training, tiny_text_config
 from hyper_core.trainer.metrics import MetricsWriter
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hyper_core.data.moving_shapes import QUESTION, MovingShapesOptions
+from hyper_core.demo.moving_shapes import QUESTION, MovingShapesOptions
 from hyper_core.testing import isolated_host
 
 

@@ -208,3 +208,49 @@ def test_plugin_subcommand_runs(site: Path) -> None:
     assert proc.stdout.strip() == "echo: hello"
     helptext = run_cli(["--help"], site).stdout
     assert "run" in helptext and "say a word" in helptext
+
+
+def test_each_builtin_capability_is_its_own_listed_plugin() -> None:
+    """``hyper-train plugins`` lists the core's capabilities one module each, with what each
+    registers (the records it prints)."""
+    from hyper_core.plugins.manager import BUILTIN_PLUGINS
+
+    recs = {r.name: r for r in PluginHost(entry_points=False).records.values()}
+    assert list(recs) == list(BUILTIN_PLUGINS)
+    assert {r.status for r in recs.values()} == {"builtin"}
+    assert recs["hyper_core.builtin.formats"].registers == {
+        "dataset format": ["jsonl", "parquet", "hf"]
+    }
+    assert recs["hyper_core.demo.plugin"].registers == {
+        "dataset format": ["shapes", "moving_shapes"]
+    }
+    assert "dataset format" not in recs["hyper_core.builtin.components"].registers
+    for module in ("progress", "moe_stats", "step_profiler"):
+        assert recs[f"hyper_core.builtin.{module}"].hooks == ["build_callbacks"], module
+    assert "build_callbacks" not in recs["hyper_core.builtin.stages"].hooks
+
+
+def test_builtin_per_run_objects_come_each_from_its_plugin_in_order(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hyper_core.parallel.moe_stats import ExpertParallelStats
+    from hyper_core.trainer.profile import StepProfiler
+    from hyper_core.trainer.progress import Progress
+
+    host = PluginHost(entry_points=False)
+
+    def objects(is_main: bool, ep: int, profile_steps: list[int] | None) -> list[type]:
+        config = SimpleNamespace(
+            logging=SimpleNamespace(progress="lines", profile_steps=profile_steps),
+            parallel=SimpleNamespace(ep=ep),
+            run=SimpleNamespace(output_dir=str(tmp_path)),
+        )
+        dist = SimpleNamespace(is_main=is_main, rank=0 if is_main else 1)
+        results = host.call_stage("build_callbacks", config=config, dist=dist, adapter=None)
+        return [type(r) for r in results if r is not None]
+
+    # the order the trainer registers them in (the single builtin stage's order before)
+    assert objects(True, 2, [1, 2]) == [Progress, ExpertParallelStats, StepProfiler]
+    assert objects(False, 2, None) == [ExpertParallelStats]
+    assert objects(True, 1, None) == [Progress]
+    assert objects(False, 1, None) == []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hyper_core.config import load_config_dict
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.hookspecs import hookimpl
 from hyper_core.testing import isolated_host, tiny_text_config
 from hyper_core.trainer.run import run_training

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from hyper_core.config.fields import format_options
-from hyper_core.data import shapes
 from hyper_core.data.conversation import load_image, parse_conversation
-from hyper_core.data.shapes import (
+from hyper_core.demo import shapes
+from hyper_core.demo.shapes import (
     COLOURS,
     JITTER,
     QUESTIONS,

@@ -26,7 +26,7 @@ from hyper_core.data.dataset import TransformedDataset
 from hyper_core.data.errors import SampleError
 from hyper_core.data.loader import StepBatch, StepLoader, StepSampler
 from hyper_core.data.stats import Batching, TokenBudget
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.errors import ConfigError
 from hyper_core.hookspecs import hookimpl
 from hyper_core.testing import read_metrics, run_tiny_training, tiny_text_config

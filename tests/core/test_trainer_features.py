@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hyper_core import hookimpl
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.errors import UserError
 from hyper_core.parallel.checkpointing import unit_policy
 from hyper_core.testing import HookRecorder, run_tiny_training, tiny_text_config
@@ -128,7 +128,7 @@ def test_plot_draws_the_eval_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     import matplotlib.axes
 
     from hyper_core.cli import main
-    from hyper_core.data.text_demo import ensure_text_demo
+    from hyper_core.demo.text import ensure_text_demo
     from hyper_core.trainer.plot import eval_series, read_evals
 
     config = tiny_text_config(

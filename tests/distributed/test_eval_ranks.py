@@ -12,7 +12,7 @@ import pytest
 from dist_helpers import TwoRankRuns, train_here, vl_available
 from test_equivalence import mixed_vl_config, mixed_vl_data
 
-from hyper_core.data.text_demo import ensure_text_demo
+from hyper_core.demo.text import ensure_text_demo
 from hyper_core.testing import isolated_host, run_tiny_training, tiny_text_config
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ def write_text_pairs(path: Path, n: int = 32, seed: int = 0, style: str = "messa
 
     ``style``: ``messages`` (string replies), ``sharegpt`` (LLaMA-Factory's ``conversations``
     with ``from``/``value`` reply messages) or ``prompt`` (TRL's prompt/chosen/rejected)."""
-    from hyper_core.data.text_demo import ensure_text_demo
+    from hyper_core.demo.text import ensure_text_demo
 
     rows = [json.loads(line) for line in ensure_text_demo("train").read_text().splitlines()]
     rng = random.Random(seed)

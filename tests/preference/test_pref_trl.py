@@ -210,7 +210,7 @@ def test_vl_dpo_with_images_once_equals_trl(tmp_path: Path) -> None:
     from trl.trainer.dpo_trainer import DPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from hyper_core.data.shapes import ShapesOptions
+    from hyper_core.demo.shapes import ShapesOptions
     from hyper_preference.shapes import load_shapes_pairs_format
     from hyper_preference.vision import SharedImages
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hyper_core.cli import main
-from hyper_core.data.moving_shapes import generate_moving_shapes
+from hyper_core.demo.moving_shapes import generate_moving_shapes
 
 DEMO = Path(__file__).parents[2] / "configs" / "qwen2_5_vl_video_demo.toml"
 

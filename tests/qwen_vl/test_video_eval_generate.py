@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hyper_core.data.moving_shapes import QUESTION
+from hyper_core.demo.moving_shapes import QUESTION
 from hyper_core.testing import run_tiny_training
 
 

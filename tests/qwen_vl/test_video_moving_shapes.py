@@ -14,7 +14,7 @@ from qwen_vl_helpers import ADAPTERS
 from hyper_core.cli import main
 from hyper_core.config import load_config
 from hyper_core.config.fields import format_options
-from hyper_core.data.moving_shapes import (
+from hyper_core.demo.moving_shapes import (
     DIRECTIONS,
     QUESTION,
     MovingShapesOptions,

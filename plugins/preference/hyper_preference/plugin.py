@@ -40,7 +40,7 @@ def register_dataset_formats(register: Any) -> None:
     register(
         "shapes_pairs",
         "hyper_preference.shapes:load_shapes_pairs_format",
-        options="hyper_core.data.shapes:ShapesOptions",
+        options="hyper_core.demo.shapes:ShapesOptions",
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyper_core.data.shapes import COLOURS, SHAPES, ShapesOptions, describe
+from hyper_core.demo.shapes import COLOURS, SHAPES, ShapesOptions, describe
 
 
 def confusable_colour(colour: str) -> str:
@@ -54,7 +54,7 @@ def load_shapes_pairs_format(
 ) -> list[dict[str, Any]]:
     """The ``shapes_pairs`` dataset format: ``{ format = "shapes_pairs", num_samples = ...,
     split = ..., question_mix = ... }`` (the ``shapes`` options)."""
-    from hyper_core.data.shapes import ensure_shapes, load_generated
+    from hyper_core.demo.shapes import ensure_shapes, load_generated
 
     options = options or ShapesOptions()
     samples = load_generated(ensure_shapes, path, options, base_dir)

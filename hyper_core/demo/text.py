@@ -75,7 +75,7 @@ def render(num: int, seed: str) -> str:
 def ensure_text_demo(split: str = "train") -> Path:
     """The ``split`` (``train``/``eval``) JSONL in ``$HYPER_TRAIN_CACHE/text_demo/``, written
     once (atomically)."""
-    from .cache import cache_root
+    from ..data.cache import cache_root
 
     num = NUM_TRAIN if split == "train" else NUM_EVAL
     path = cache_root() / "text_demo" / f"text_demo{'' if split == 'train' else '_eval'}.jsonl"

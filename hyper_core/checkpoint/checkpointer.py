@@ -1,6 +1,6 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP) and exact resume.
+"""The checkpointer: saves and resumes a run with torch.distributed.checkpoint (DCP).
 
-Layout under ``output_dir/checkpoints``::
+Layout under ``output_dir/checkpoints`` (:mod:`.layout`)::
 
     step-N/            DCP shards of model + optimizer (.metadata, __R_0.distcp, ...),
                        extra/rank-R.pt (per rank), COMPLETE
@@ -18,9 +18,10 @@ without ``COMPLETE`` (torn by a crash, or still in flight) are never loaded. A c
 saved at all when the weights are not finite, and a failed write (e.g. a full disk) leaves
 ``latest`` where it was.
 
-Identity: ``model.json`` records the model a checkpoint holds (adapter, architecture, the HF
-config without runtime-only keys, and every parameter's full shape); a resume into another model
-is a :class:`UserError` naming what differs, before any weight is read.
+Identity (:mod:`.identity`): ``model.json`` records the model a checkpoint holds (adapter,
+architecture, the HF config without runtime-only keys, and every parameter's full shape); a
+resume into another model is a :class:`UserError` naming what differs, before any weight is
+read.
 
 Validation: before loading, a checkpoint's ``.metadata``, the shard files it references (their
 sizes) and this rank's extra state are read. Under ``resume = "auto"`` an unreadable checkpoint
@@ -39,12 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import json
 import logging
 import os
 import random
-import re
 import shutil
 import time
 import warnings
@@ -54,122 +52,28 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from .errors import RunFailed, UserError
+from ..errors import RunFailed, UserError
+from .identity import ModelIdentity
+from .layout import (
+    COMPLETE,
+    MODEL_FILE,
+    TMP_PREFIX,
+    complete_checkpoints,
+    find_resume_checkpoint,
+    resolve_checkpoint,
+    step_of_name,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from .parallel.env import DistEnv
-    from .trainer.state import TrainState
+    from ..parallel.env import DistEnv
+    from ..trainer.state import TrainState
 
 log = logging.getLogger("hyper_train")
 
-COMPLETE = "COMPLETE"
-MODEL_FILE = "model.json"
-_STEP_RE = re.compile(r"^step-(\d+)$")
-_TMP_PREFIX = ".tmp-step-"
-_CONFIG_STEP_RE = re.compile(r"^config\.step-(\d+)\.toml$")
-#: HF config keys that say how a model runs or where it came from, not which model it is.
-_RUNTIME_CONFIG_KEYS = frozenset(
-    {
-        "transformers_version",
-        "_name_or_path",
-        "architectures",
-        "dtype",
-        "torch_dtype",
-        "_attn_implementation",
-        "attn_implementation",
-        "_attn_implementation_autoset",
-        "use_cache",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-    }
-)
 #: A failed write with less free space than this on the file system is a full disk.
 _FULL_DISK_BYTES = 64 << 20
-#: Differences named in a mismatch message (the rest are counted).
-_SHOWN_DIFFERENCES = 3
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint folders under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        m = _STEP_RE.match(child.name)
-        if m and (child / COMPLETE).is_file():
-            found.append((int(m.group(1)), child))
-    return [p for _, p in sorted(found)]
-
-
-def find_resume_checkpoint(root: Path) -> Path | None:
-    """The checkpoint ``resume = "auto"`` loads: ``latest`` if complete, else the newest."""
-    latest = root / "latest"
-    if latest.is_file():
-        candidate = root / latest.read_text().strip()
-        if _STEP_RE.match(candidate.name) and (candidate / COMPLETE).is_file():
-            return candidate
-    complete = complete_checkpoints(root)
-    return complete[-1] if complete else None
-
-
-def _step_of_name(path: Path) -> int:
-    m = _STEP_RE.match(path.name)
-    return int(m.group(1)) if m else -1
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step a complete checkpoint was saved at (its ``COMPLETE`` marker, else its name)."""
-    with contextlib.suppress(OSError, ValueError):
-        return int((path / COMPLETE).read_text().strip())
-    m = _STEP_RE.match(path.name)
-    return int(m.group(1)) if m else None
-
-
-def run_config_for(checkpoint: Path) -> Path | None:
-    """The config of the run that saved ``checkpoint`` (``output_dir/checkpoints/step-N``).
-
-    A run resumed at step M writes ``config.step-M.toml`` (its first run: ``config.toml``), so
-    a checkpoint of step N was saved under the newest ``config.step-M.toml`` with M < N, else
-    under ``config.toml``. None if there is neither.
-    """
-    out = checkpoint.parent.parent
-    step = checkpoint_step(checkpoint)
-    resumed = []
-    if step is not None and out.is_dir():
-        for f in out.iterdir():
-            m = _CONFIG_STEP_RE.match(f.name)
-            if m and int(m.group(1)) < step:
-                resumed.append((int(m.group(1)), f))
-    if resumed:
-        return max(resumed)[1]
-    first = out / "config.toml"
-    return first if first.is_file() else None
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A complete checkpoint folder from a ``step-N`` folder, a ``checkpoints`` folder or a
-    run's ``output_dir`` (the latest complete one), or the ``latest`` pointer file (the
-    checkpoint it names); :class:`UserError` if there is none."""
-    path = Path(path)
-    if path.is_file() and path.name == "latest":
-        name = path.read_text().strip()
-        target = path.parent / name
-        if _STEP_RE.match(name) and (target / COMPLETE).is_file():
-            return target
-        raise UserError(
-            f"{path}: points to {name!r} ({target}), which is not a complete checkpoint "
-            f"(no {COMPLETE} marker); pass a checkpoints/step-N folder or the run's output_dir"
-        )
-    if (path / COMPLETE).is_file():
-        return path
-    for root in (path, path / "checkpoints"):
-        found = find_resume_checkpoint(root)
-        if found is not None:
-            return found
-    raise UserError(f"{path}: not a complete checkpoint (no {COMPLETE} marker), nor a run with one")
 
 
 _NO_PG_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
@@ -230,126 +134,6 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _runtime_free(config: Any) -> Any:
-    """``config`` (an HF config dict) without runtime-only keys, at any depth (VL sub-configs)."""
-    if isinstance(config, Mapping):
-        return {
-            str(k): _runtime_free(v) for k, v in config.items() if k not in _RUNTIME_CONFIG_KEYS
-        }
-    if isinstance(config, list | tuple):
-        return [_runtime_free(v) for v in config]
-    return config
-
-
-def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(config, Mapping) or not config:
-        return {prefix: config}
-    flat: dict[str, Any] = {}
-    for k, v in config.items():
-        flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return flat
-
-
-def _architecture(model: Any) -> str:
-    """The model's class, not FSDP2's per-instance subclass of it."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return type(model).__name__
-    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-    return cls.__name__
-
-
-_UNSET = object()
-
-
-def _value(values: Mapping[str, Any], key: str) -> str:
-    return repr(values[key]) if key in values else "(absent)"
-
-
-def _more(items: list[str]) -> str:
-    shown = "; ".join(items[:_SHOWN_DIFFERENCES])
-    if len(items) > _SHOWN_DIFFERENCES:
-        shown += f" (and {len(items) - _SHOWN_DIFFERENCES} more)"
-    return shown
-
-
-@attrs.frozen(kw_only=True)
-class ModelIdentity:
-    """Which model a checkpoint holds (``model.json``): a resume must build the same one."""
-
-    adapter: str | None
-    architecture: str
-    #: The HF config without runtime-only keys (JSON types), None for a model without one.
-    config: dict[str, Any] | None
-    config_hash: str | None
-    #: Every state-dict entry's full (unsharded) shape.
-    shapes: dict[str, list[int]]
-
-    @classmethod
-    def of(
-        cls, model: torch.nn.Module, adapter: str | None, model_state: Mapping[str, Any]
-    ) -> ModelIdentity:
-        """The identity of ``model`` (unwrapped) built by the adapter named ``adapter``;
-        ``model_state`` is its checkpoint state dict (DTensor shapes are global, so any number
-        of ranks gives the same identity)."""
-        hf_config = getattr(model, "config", None)
-        config = None
-        if hf_config is not None and hasattr(hf_config, "to_dict"):
-            config = json.loads(json.dumps(_runtime_free(hf_config.to_dict()), default=str))
-        digest = None
-        if config is not None:
-            text = json.dumps(config, sort_keys=True)
-            digest = hashlib.sha256(text.encode()).hexdigest()
-        return cls(
-            adapter=adapter,
-            architecture=_architecture(model),
-            config=config,
-            config_hash=digest,
-            shapes={k: list(v.shape) for k, v in model_state.items() if hasattr(v, "shape")},
-        )
-
-    def to_json(self) -> str:
-        """``model.json``'s text."""
-        return json.dumps(attrs.asdict(self), indent=1) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelIdentity:
-        """Read ``model.json`` (``ValueError``/``KeyError``/``TypeError`` if it is not one)."""
-        raw = json.loads(text)
-        return cls(
-            adapter=raw["adapter"],
-            architecture=str(raw["architecture"]),
-            config=raw["config"],
-            config_hash=raw["config_hash"],
-            shapes={str(k): [int(d) for d in v] for k, v in raw["shapes"].items()},
-        )
-
-    def differences(self, now: ModelIdentity) -> list[str]:
-        """What differs from ``now``, saved → now; empty when it is the same model."""
-        diffs = []
-        if self.adapter != now.adapter:
-            diffs.append(f"adapter {self.adapter} → {now.adapter}")
-        if self.architecture != now.architecture:
-            diffs.append(f"architecture {self.architecture} → {now.architecture}")
-        if self.config_hash != now.config_hash:
-            old, new = _flatten(self.config or {}), _flatten(now.config or {})
-            keys = [k for k in old.keys() | new.keys() if old.get(k, _UNSET) != new.get(k, _UNSET)]
-            keys.sort(key=lambda k: (k != "model_type", k))
-            shown = [f"{k} {_value(old, k)} → {_value(new, k)}" for k in keys]
-            diffs.append(f"config {_more(shown)}")
-        shape_diffs = []
-        for name in sorted(self.shapes.keys() | now.shapes.keys()):
-            a, b = self.shapes.get(name), now.shapes.get(name)
-            if a != b:
-                shape_diffs.append(
-                    f"{name} {_value(self.shapes, name)} → {_value(now.shapes, name)}"
-                )
-        if shape_diffs:
-            diffs.append(f"parameters {_more(shape_diffs)}")
-        return diffs
 
 
 class CheckpointUnreadable(Exception):
@@ -626,7 +410,7 @@ class Checkpointer:
         step = trainer.state.global_step
         self._refuse_non_finite(step)
         final_dir = self.root / f"step-{step}"
-        tmp_dir = self.root / f"{_TMP_PREFIX}{step}"
+        tmp_dir = self.root / f"{TMP_PREFIX}{step}"
         app = self._app_state()
 
         def begin() -> None:
@@ -776,13 +560,13 @@ class Checkpointer:
         """Remove stale temp folders and all but the ``keep_last`` newest complete checkpoints
         up to ``saved_step``: newer ones belong to a run this one resumed before (e.g. one
         skipped as unreadable) and stay until a save of the same step replaces them."""
-        for tmp in self.root.glob(f"{_TMP_PREFIX}*"):
+        for tmp in self.root.glob(f"{TMP_PREFIX}*"):
             if self._pending is None or tmp != self._pending.tmp_dir:
                 shutil.rmtree(tmp, ignore_errors=True)
         keep = self.cfg.keep_last
         if not keep:
             return
-        upto = [c for c in complete_checkpoints(self.root) if _step_of_name(c) <= saved_step]
+        upto = [c for c in complete_checkpoints(self.root) if step_of_name(c) <= saved_step]
         for old in upto[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -807,7 +591,7 @@ class Checkpointer:
         if first is None:
             return []
         older = [c for c in complete_checkpoints(self.root) if c != first]
-        older = [c for c in older if _step_of_name(c) < _step_of_name(first)]
+        older = [c for c in older if step_of_name(c) < step_of_name(first)]
         return [first, *reversed(older)]
 
     def _problem(self, path: Path) -> str | None:

@@ -13,7 +13,7 @@ unordered positions of a clip are one random pairing of the same offsets on both
 for all four directions, so only the time order tells the direction.
 
 Clips are generated once into ``$HYPER_TRAIN_CACHE/moving_shapes/<name-with-hash>`` the way
-:mod:`hyper_core.data.shapes` caches its images (lock file, temporary folder, atomic rename).
+:mod:`hyper_core.demo.shapes` caches its images (lock file, temporary folder, atomic rename).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 import attrs
 
 from ..config.fields import at_least, between, meta
-from .cache import cache_root
-from .jsonl import RawSample
+from ..data.cache import cache_root
+from ..data.jsonl import RawSample
 from .shapes import (
     COLOURS,
     DATA_FILE,
@@ -132,7 +132,7 @@ def generate_moving_shapes(
 def ensure_moving_shapes(*, root: str | Path | None = None, **args: Any) -> Path:
     """The ``data.jsonl`` of the cached data set of :func:`generate_moving_shapes`' ``args``
     (``seed`` and ``num_samples`` required), generating it first if needed (concurrency-safe,
-    like :func:`~hyper_core.data.shapes.ensure_shapes`)."""
+    like :func:`~hyper_core.demo.shapes.ensure_shapes`)."""
     base = Path(root) if root is not None else cache_root() / "moving_shapes"
     key = json.dumps({"version": FORMAT_VERSION, **args}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]

@@ -33,8 +33,8 @@ from typing import Any
 import attrs
 
 from ..config.fields import at_least, between, meta
-from .cache import cache_root
-from .jsonl import RawSample, read_jsonl
+from ..data.cache import cache_root
+from ..data.jsonl import RawSample, read_jsonl
 
 FORMAT_VERSION = 1
 
