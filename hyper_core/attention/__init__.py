@@ -15,8 +15,21 @@ VARLEN = "varlen"
 FLASH_VARLEN = "flash_varlen"
 #: The implementations hyper-train registers with transformers.
 OWN_IMPLEMENTATIONS = frozenset({VARLEN, FLASH_VARLEN})
-#: Forward kwargs that carry a packed row's sample boundaries (flash-attention's names).
-VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+#: The forward kwarg with a packed row's bidirectional spans: an int ``(n, 2)`` tensor of
+#: ``[start, end)`` over the ``B·L`` tokens flattened; the tokens of one span attend to each
+#: other both ways (on top of causal attention within their sample, as transformers'
+#: ``token_type_ids`` block mask: Gemma 3's image tokens). The packed runtime adds it from
+#: :attr:`SampleFeatures.bidirectional_spans <hyper_core.batching.types.SampleFeatures>`.
+BIDIRECTIONAL_SPANS = "bidirectional_spans"
+#: Forward kwargs that carry a packed row's sample boundaries (flash-attention's names) and
+#: its bidirectional spans.
+VARLEN_KWARGS = (
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    BIDIRECTIONAL_SPANS,
+)
 #: Implementations that read :data:`VARLEN_KWARGS` in the language model's attention layers.
 VARLEN_IMPLEMENTATIONS = frozenset(
     {VARLEN, FLASH_VARLEN, "flash_attention_2", "flash_attention_3", "flash_attention_4"}
@@ -52,6 +65,7 @@ def register() -> None:
 
 
 __all__ = [
+    "BIDIRECTIONAL_SPANS",
     "FLASH_VARLEN",
     "OWN_IMPLEMENTATIONS",
     "VARLEN",

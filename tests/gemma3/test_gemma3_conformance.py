@@ -1,0 +1,12 @@
+"""The Gemma 3 adapter passes the plugin-author conformance suite."""
+
+from __future__ import annotations
+
+from hyper_core.testing.conformance_suite import AdapterConformance
+
+
+class TestGemma3Conformance(AdapterConformance):
+    adapter = "gemma3"
+    # Packed rows need `varlen`: transformers' own packed mask indexes the image blocks of
+    # sliding-window layers by per-sample position (wrong past a row's first sample).
+    tiny_config = {"config": "tiny", "attn_implementation": "varlen"}
