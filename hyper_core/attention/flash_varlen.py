@@ -42,6 +42,7 @@ import attrs
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import BIDIRECTIONAL_SPANS
 from .counts import note_fallback, note_kernel
 from .varlen import (
     context_parallel_aware,

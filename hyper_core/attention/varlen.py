@@ -6,9 +6,10 @@ without them, from ``position_ids`` restarting, where transformers' SDPA mask fi
 Attention is causal within a sample unless the module says ``is_causal=False`` (vision towers),
 with the layer's sliding window if it has one; the spans of
 :data:`~hyper_core.attention.BIDIRECTIONAL_SPANS` (Gemma 3's image tokens) attend to each other
-both ways, the sample's segment then getting a dense mask. Everything that needs a real mask (padding, a
-cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so ``varlen`` computes what
-``sdpa`` computes, at Σ nᵢ² instead of (Σ nᵢ)² on a packed row, without the dense mask.
+both ways, the sample's segment then getting a dense mask. Everything else that needs a real
+mask (padding, a cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so
+``varlen`` computes what ``sdpa`` computes, at Σ nᵢ² instead of (Σ nᵢ)² on a packed row,
+without the dense mask.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..attention import BIDIRECTIONAL_SPANS
-
 from .base import BatchingRuntime
 from .padded import (
     batch_counts,

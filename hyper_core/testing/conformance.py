@@ -188,9 +188,8 @@ class AdapterUnderTest:
 
     def micro_batch(self, kind: str, features: Sequence[Any] | None = None) -> Any:
         """A ``packed`` or ``padded`` micro-batch of ``features`` by the core runtimes."""
-        from .vl import micro_batch
-
         from ..attention import uses_varlen_kwargs
+        from .vl import micro_batch
 
         feats = self.features() if features is None else list(features)
         varlen = uses_varlen_kwargs(self.model_config().attn_implementation)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
 from hyper_core.testing.conformance_suite import AdapterConformance
 
 
@@ -9,4 +12,7 @@ class TestGemma3Conformance(AdapterConformance):
     adapter = "gemma3"
     # Packed rows need `varlen`: transformers' own packed mask indexes the image blocks of
     # sliding-window layers by per-sample position (wrong past a row's first sample).
-    tiny_config = {"config": "tiny", "attn_implementation": "varlen"}
+    tiny_config: ClassVar[str | Mapping[str, Any]] = {
+        "config": "tiny",
+        "attn_implementation": "varlen",
+    }
