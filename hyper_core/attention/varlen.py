@@ -61,6 +61,12 @@ def span_list(spans: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(found[0::2], found[1::2], strict=True))
 
 
+def check_spans(spans: list[tuple[int, int]], bounds: list[int]) -> None:
+    """``ValueError`` unless each span lies inside one segment of ``bounds``."""
+    if spans and not all(any(a >= lo and b <= hi for lo, hi in pairwise(bounds)) for a, b in spans):
+        raise ValueError(f"{BIDIRECTIONAL_SPANS}: a span crosses a sample boundary")
+
+
 def segment_mask(
     n: int,
     spans: list[tuple[int, int]],
@@ -236,10 +242,7 @@ def varlen_attention(
     if kwargs.get("softcap") is not None:
         raise ValueError("`varlen` attention does not support `softcap`; use `eager`")
     found = span_list(spans) if spans is not None else []
-    if found and not all(
-        any(a >= lo and b <= hi for lo, hi in pairwise(bounds[0])) for a, b in found
-    ):
-        raise ValueError(f"{BIDIRECTIONAL_SPANS}: a span crosses a sample boundary")
+    check_spans(found, bounds[0])
     out = segment_attention(
         query,
         key,

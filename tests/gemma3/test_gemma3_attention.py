@@ -4,6 +4,7 @@ with the samples' bidirectional spans equals each sample alone under transformer
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -65,6 +66,25 @@ def test_packed_with_spans_equals_one_by_one(subject: AdapterUnderTest) -> None:
     }
     packed.model_inputs = causal
     assert abs(loss_and_grads(model, packed)[0] - ref_loss) > 1e-4
+
+
+def test_flex_varlen_row_equals_one_by_one_logits(subject: AdapterUnderTest) -> None:
+    """``flex_varlen`` (its ``BlockMask`` from the row's samples and spans) gives each
+    sample's logits of transformers' own mask (forward: flex has no CPU backward)."""
+    torch.manual_seed(0)
+    model = subject.build_model(attn_implementation="flex_varlen").eval()
+    features = subject.features()
+    pad = subject.assets.pad_token_id
+    packed = micro_batch(features, "packed", pad, varlen_kwargs=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex without compile on CPU: unfused, says so
+        row = model(**packed.model_inputs, use_cache=False).logits[0]
+        model.set_attn_implementation("sdpa")
+        alone = [
+            model(**micro_batch([f], "packed", pad).model_inputs, use_cache=False).logits[0]
+            for f in features
+        ]
+    torch.testing.assert_close(row, torch.cat(alone), atol=1e-5, rtol=1e-4)
 
 
 def test_vision_encoder_defaults_feed_the_forward(subject: AdapterUnderTest) -> None:
