@@ -47,4 +47,26 @@ TINY: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
-NAMED_CONFIGS: dict[str, dict[str, Any]] = {"tiny": TINY}
+#: The shapes demo's (``configs/gemma3_demo.toml``): a decoder of width 128 × 2 layers, a SigLIP
+#: tower of width 64 × 2 layers on 112-px images in 14-px patches (8×8 pooled to 16 tokens).
+DEMO: dict[str, Any] = {
+    **TINY,
+    "text_config": {
+        **TINY["text_config"],
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 64,
+    },
+    "vision_config": {
+        **TINY["vision_config"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "image_size": 112,
+        "patch_size": 14,
+    },
+}
+
+NAMED_CONFIGS: dict[str, dict[str, Any]] = {"tiny": TINY, "demo": DEMO}
