@@ -3,7 +3,7 @@ core-runtime micro-batches and the training loss (any adapter's tests can use th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +124,25 @@ def assert_same_loss_and_grads(
         assert grads.keys() == ref_grads.keys(), name
         for key, grad in grads.items():
             assert torch.allclose(grad, ref_grads[key], atol=atol, rtol=1e-4), (name, key)
+
+
+def shuffled_images(samples: Sequence[Mapping[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """The samples with their images permuted across samples (the control of a demo: a model
+    that reads the pixels falls to about chance on them)."""
+    import copy
+    import random
+
+    out = [copy.deepcopy(dict(s)) for s in samples]
+    parts = [
+        part
+        for s in out
+        for m in s["messages"]
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part.get("type") == "image"
+    ]
+    images = [p["image"] for p in parts]
+    random.Random(seed).shuffle(images)
+    for part, image in zip(parts, images, strict=True):
+        part["image"] = image
+    return out
