@@ -35,6 +35,7 @@ FIRST_PARTY: tuple[FirstParty, ...] = (
         adapters=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
     ),
     FirstParty(distribution="hyper-train-kimi-k26", adapters=("kimi_k25", "kimi_k26")),
+    FirstParty(distribution="hyper-train-gemma3", adapters=("gemma3",)),
     FirstParty(
         distribution="hyper-train-encoder-parallel",
         strategies=("encoder_parallel",),

@@ -244,6 +244,9 @@ class ModelAdapter:
         if features.position_ids is not None:
             features.position_ids = features.position_ids[..., :cut]
         features.token_fields = {k: v[:cut] for k, v in features.token_fields.items()}
+        features.bidirectional_spans = tuple(
+            (a, min(b, cut)) for a, b in features.bidirectional_spans if a < cut
+        )
         return GenerationPrompt(features=features, stop_token_ids=(stop,))
 
     def vision_filler(self, assets: ModelAssets) -> SampleFeatures | None:

@@ -150,7 +150,17 @@ class HFModelAdapter(ModelAdapter):
     vision_module: ClassVar[str | None] = None
     projector_module: ClassVar[str | None] = None
     language_module: ClassVar[str] = ""
+    #: The model-input keys of the vision encoder: the pixel (patch) tensor first, then
+    #: per-image metadata such as ``image_grid_thw``. One key alone: one image per row of the
+    #: pixel tensor (a fixed-size tower: LLaVA, Gemma 3).
     vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    #: How :meth:`call_vision_encoder` calls ``get_image_features``: vision input key ->
+    #: keyword argument. None: the :attr:`vision_input_keys` positionally, in order.
+    vision_call_keywords: ClassVar[Mapping[str, str] | None] = None
+    #: The model's forward takes ``mm_encoder_outputs["image"].pooler_output`` as one tensor,
+    #: the images' features concatenated (Gemma 3), not as a sequence of one tensor per image
+    #: (Qwen-VL, LLaVA): :meth:`inject_vision_outputs` concatenates them.
+    vision_features_concatenated: ClassVar[bool] = False
     #: Videos' keys, for a tower that takes a video like an image
     #: (:attr:`~hyper_core.adapters.base.VisionEncoderSpec.video_keys`); empty: images only.
     vision_video_keys: ClassVar[tuple[str, ...]] = ()
@@ -403,12 +413,17 @@ class HFModelAdapter(ModelAdapter):
 
     def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image, then (with
-        :attr:`vision_video_keys`) one per video under the same keys.
+        :attr:`vision_video_keys`) one per video under the same keys; with a single
+        :attr:`vision_input_keys` entry, one ``{"pixel_values": (1, ...)}`` per row.
 
         Encoder parallelism calls it with the micro-batch's host tensors, so reading the patch
         counts waits for no device."""
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
+        if len(self.vision_input_keys) == 1:
+            (key,) = self.vision_input_keys
+            pixels = model_inputs.get(key)
+            return [] if pixels is None else [{key: pixels[i : i + 1]} for i in range(len(pixels))]
         patches_key, grid_key = self.vision_input_keys
         items = []
         for source in (self.vision_input_keys, self.vision_video_keys):
@@ -425,13 +440,25 @@ class HFModelAdapter(ModelAdapter):
         return items
 
     def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
-        """``model.get_image_features(pixel_values, image_grid_thw, return_dict=True)``: tower
-        and projector; ``.pooler_output`` is a tuple of per-image ``(tokens_i, text_hidden)``."""
+        """``model.get_image_features(..., return_dict=True)`` (tower and projector) with the
+        :attr:`vision_input_keys`, by keyword through :attr:`vision_call_keywords` when declared,
+        else positionally. ``.pooler_output`` is made a tuple of per-image
+        ``(tokens_i, text_hidden)`` (the :class:`~.vision_outputs.FlatOutputs` contract): a
+        tower that returns one ``(images, tokens, hidden)`` tensor is split along dim 0."""
+        import torch
+
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-        return model.get_image_features(
-            vision_inputs["pixel_values"], vision_inputs["image_grid_thw"], return_dict=True
-        )
+        keys = [k for k in self.vision_input_keys if k in vision_inputs]
+        if self.vision_call_keywords is None:
+            out = model.get_image_features(*(vision_inputs[k] for k in keys), return_dict=True)
+        else:
+            kwargs = {self.vision_call_keywords.get(k, k): vision_inputs[k] for k in keys}
+            out = model.get_image_features(**kwargs, return_dict=True)
+        pooled = getattr(out, "pooler_output", None)
+        if isinstance(pooled, torch.Tensor) and pooled.dim() == 3:
+            out.pooler_output = tuple(pooled.unbind(0))
+        return out
 
     def inject_vision_outputs(
         self, model_inputs: Mapping[str, Any], outputs: Any
@@ -445,7 +472,7 @@ class HFModelAdapter(ModelAdapter):
         inputs = {k: v for k, v in model_inputs.items() if k not in pixels}
         video_grid = model_inputs.get(self.vision_video_keys[1]) if self.vision_video_keys else None
         if video_grid is None or not len(video_grid):
-            inputs["mm_encoder_outputs"] = {"image": outputs}
+            inputs["mm_encoder_outputs"] = {"image": self._as_model_features(outputs)}
             return inputs
         image_grid = model_inputs.get(self.vision_input_keys[1])
         images = 0 if image_grid is None else len(image_grid)
@@ -455,8 +482,22 @@ class HFModelAdapter(ModelAdapter):
         found = {"video": flat.take(images, images + len(video_grid))}
         if images:
             found["image"] = flat.take(0, images)
-        inputs["mm_encoder_outputs"] = found
+        inputs["mm_encoder_outputs"] = {k: self._as_model_features(v) for k, v in found.items()}
         return inputs
+
+    def _as_model_features(self, outputs: Any) -> Any:
+        """``outputs`` with its per-image ``pooler_output`` concatenated when the forward takes
+        one tensor (:attr:`vision_features_concatenated`)."""
+        import copy
+
+        import torch
+
+        pooled = getattr(outputs, "pooler_output", None)
+        if not self.vision_features_concatenated or isinstance(pooled, torch.Tensor):
+            return outputs
+        outputs = copy.copy(outputs)
+        outputs.pooler_output = torch.cat(list(pooled), dim=0)
+        return outputs
 
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
         """6·N·tokens for the language model (N without embedding tables, with the LM head's
@@ -472,11 +513,22 @@ class HFModelAdapter(ModelAdapter):
             text_params += head.weight.numel()  # tied: excluded with the table, still a matmul
         tokens = micro_batch.num_tokens
         text = 6.0 * text_params * tokens + self._attention_flops(model, micro_batch)
-        patches = 0
-        grid = micro_batch.model_inputs.get("image_grid_thw")
-        if grid is not None and len(grid):
-            patches = int(grid.prod(dim=-1).sum())
+        patches = self._vision_patches(model, micro_batch) if vision_params else 0
         return FlopsCount(text=text, vision=6.0 * vision_params * patches)
+
+    def _vision_patches(self, model: torch.nn.Module, micro_batch: MicroBatch) -> int:
+        """Patches the tower sees: from ``image_grid_thw`` (grid towers), else images ×
+        ``(image_size // patch_size)²`` of the vision config (fixed-size towers)."""
+        inputs = micro_batch.model_inputs
+        grid = inputs.get("image_grid_thw")
+        if grid is not None and len(grid):
+            return int(grid.prod(dim=-1).sum())
+        pixels = inputs.get(self.vision_input_keys[0])
+        vc = getattr(model.config, "vision_config", None)
+        size, patch = getattr(vc, "image_size", None), getattr(vc, "patch_size", None)
+        if pixels is None or not size or not patch or pixels.dim() != 4:
+            return 0
+        return len(pixels) * (int(size) // int(patch)) ** 2
 
     def _attention_flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> float:
         """Per sample, Σ nᵢ²: what ``varlen``/flash attention computes on a packed row (SDPA

@@ -42,6 +42,7 @@ import attrs
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import BIDIRECTIONAL_SPANS
 from .counts import note_fallback, note_kernel
 from .varlen import (
     context_parallel_aware,
@@ -257,6 +258,8 @@ def flash_varlen_attention(
     query, key, value = _autocast(query, key, value)
     kernel = kernel_for(query.device.type)
     reason = fallback_reason(kernel, query, key, attention_mask, sliding_window, causal)
+    if reason is None and kwargs.get(BIDIRECTIONAL_SPANS) is not None:
+        reason = "bidirectional spans (the flash kernel is causal or not): per-sample SDPA"
     if reason is not None:
         return _fall_back(
             reason,

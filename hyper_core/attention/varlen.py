@@ -4,9 +4,12 @@ The sample boundaries come from ``cu_seq_lens_q``/``cu_seq_lens_k`` (cumulative 
 the ``B·L`` tokens flattened, flash-attention's convention; the packed runtime adds them) or,
 without them, from ``position_ids`` restarting, where transformers' SDPA mask finds them too.
 Attention is causal within a sample unless the module says ``is_causal=False`` (vision towers),
-with the layer's sliding window if it has one. Everything that needs a real mask (padding, a
-cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so ``varlen`` computes what
-``sdpa`` computes, at Σ nᵢ² instead of (Σ nᵢ)² on a packed row, without the dense mask.
+with the layer's sliding window if it has one; the spans of
+:data:`~hyper_core.attention.BIDIRECTIONAL_SPANS` (Gemma 3's image tokens) attend to each other
+both ways, the sample's segment then getting a dense mask. Everything else that needs a real
+mask (padding, a cache, mask overlays) gets transformers' SDPA mask and SDPA itself, so
+``varlen`` computes what ``sdpa`` computes, at Σ nᵢ² instead of (Σ nᵢ)² on a packed row,
+without the dense mask.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import VARLEN
+from . import BIDIRECTIONAL_SPANS, VARLEN
 
 #: The keyword argument with which ``[parallel] cp`` calls the attention function of a module
 #: that holds this rank's share of a row's tokens (a forward pre-hook of the module adds it in
@@ -32,6 +35,7 @@ CONTEXT_PARALLEL_KWARG = "hyper_context_parallel"
 # on GPU) happens once per forward, not once per layer.
 _CU_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _POSITION_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_SPANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _cached(
@@ -48,6 +52,40 @@ def _cached(
 def cu_bounds(cu_seq_lens: torch.Tensor) -> list[int]:
     """``cu_seq_lens`` as a list of ints (cached per tensor)."""
     return _cached(_CU_BOUNDS, cu_seq_lens, lambda: [int(x) for x in cu_seq_lens.tolist()])
+
+
+def span_list(spans: torch.Tensor) -> list[tuple[int, int]]:
+    """A ``(n, 2)`` spans tensor as ``[(start, end), ...]`` (cached per tensor)."""
+    found = _cached(_SPANS, spans, lambda: [int(x) for x in spans.reshape(-1).tolist()])
+    assert found is not None
+    return list(zip(found[0::2], found[1::2], strict=True))
+
+
+def check_spans(spans: list[tuple[int, int]], bounds: list[int]) -> None:
+    """``ValueError`` unless each span lies inside one segment of ``bounds``."""
+    if spans and not all(any(a >= lo and b <= hi for lo, hi in pairwise(bounds)) for a, b in spans):
+        raise ValueError(f"{BIDIRECTIONAL_SPANS}: a span crosses a sample boundary")
+
+
+def segment_mask(
+    n: int,
+    spans: list[tuple[int, int]],
+    sliding_window: int | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """The ``(n, n)`` boolean mask of a causal segment whose ``spans`` (segment-relative
+    ``[start, end)``) attend both ways: ``(causal or same span) and within the window``, as
+    transformers composes its ``token_type_ids`` block mask with a sliding window."""
+    i = torch.arange(n, device=device)
+    diff = i[:, None] - i[None, :]
+    mask = diff >= 0
+    span_id = torch.full((n,), -1, dtype=torch.long, device=device)
+    for k, (a, b) in enumerate(spans):
+        span_id[a:b] = k
+    mask |= (span_id[:, None] == span_id[None, :]) & (span_id[:, None] >= 0)
+    if sliding_window is not None:
+        mask &= diff < sliding_window
+    return mask
 
 
 def packed_bounds(position_ids: torch.Tensor, batch: int, length: int) -> list[int] | None:
@@ -87,8 +125,12 @@ def segment_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     sliding_window: int | None = None,
+    spans: list[tuple[int, int]] = (),  # type: ignore[assignment]
 ) -> torch.Tensor:
-    """SDPA of each segment ``[q_bounds[i], q_bounds[i+1])`` against its keys; (B, L, H, Dv)."""
+    """SDPA of each segment ``[q_bounds[i], q_bounds[i+1])`` against its keys; (B, L, H, Dv).
+
+    ``spans``: ``[start, end)`` token ranges of the flattened row that attend both ways (each
+    inside one causal segment); a segment holding one gets a dense :func:`segment_mask`."""
     batch, heads, q_len, _ = query.shape
     if len(q_bounds) != len(k_bounds):
         raise ValueError(
@@ -111,14 +153,18 @@ def segment_attention(
     vs = _flatten(value).split(k_sizes, dim=2)
     gqa = heads != key.shape[1]
     outputs = []
-    for q, k, v, n, m in zip(qs, ks, vs, q_sizes, k_sizes):
+    for start, q, k, v, n, m in zip(q_bounds, qs, ks, vs, q_sizes, k_sizes):
         if n == 0:
             continue
         if causal and m != n:
             raise ValueError(f"causal segment with {n} queries and {m} keys")
         mask = None
         is_causal = causal
-        if causal and sliding_window is not None and n > sliding_window:
+        inside = [(a - start, b - start) for a, b in spans if start <= a and b <= start + n]
+        if causal and inside:
+            mask = segment_mask(n, inside, sliding_window, query.device)
+            is_causal = False
+        elif causal and sliding_window is not None and n > sliding_window:
             i = torch.arange(n, device=query.device)
             diff = i[:, None] - i[None, :]
             mask = (diff >= 0) & (diff < sliding_window)
@@ -165,6 +211,12 @@ def varlen_attention(
     batch, _, q_len, _ = query.shape
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     bounds: tuple[list[int], list[int]] | None = None
+    spans = kwargs.pop(BIDIRECTIONAL_SPANS, None)
+    if spans is not None and cu_seq_lens_q is not None and q_len == key.shape[2]:
+        # A packed training row with declared spans: its mask is causal + spans (+ window) per
+        # sample; a dense mask transformers built from its overlays says the same (or, packed,
+        # indexes them wrongly: Gemma 3's sliding layers), so it is not used.
+        attention_mask = None
     if attention_mask is None and q_len == key.shape[2]:
         if cu_seq_lens_q is not None:
             q_bounds = cu_bounds(cu_seq_lens_q)
@@ -189,6 +241,8 @@ def varlen_attention(
         )
     if kwargs.get("softcap") is not None:
         raise ValueError("`varlen` attention does not support `softcap`; use `eager`")
+    found = span_list(spans) if spans is not None else []
+    check_spans(found, bounds[0])
     out = segment_attention(
         query,
         key,
@@ -198,6 +252,7 @@ def varlen_attention(
         dropout=dropout,
         scaling=scaling,
         sliding_window=sliding_window,
+        spans=found,
     )
     return out, None
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..attention import BIDIRECTIONAL_SPANS
 from .base import BatchingRuntime
 from .padded import (
     batch_counts,
@@ -15,6 +16,9 @@ from .padded import (
     token_field_names,
 )
 from .types import IGNORE_INDEX, MicroBatch, SampleFeatures
+
+if TYPE_CHECKING:
+    import torch
 
 
 def boundary_kwargs(lengths: Sequence[int]) -> dict[str, Any]:
@@ -33,6 +37,18 @@ def boundary_kwargs(lengths: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def row_spans(features: Sequence[SampleFeatures]) -> torch.Tensor | None:
+    """The samples' :attr:`~SampleFeatures.bidirectional_spans` over the packed row, an int
+    ``(n, 2)`` tensor (None when there are none)."""
+    import torch
+
+    spans, offset = [], 0
+    for f in features:
+        spans += [(offset + a, offset + b) for a, b in f.bidirectional_spans]
+        offset += f.length
+    return torch.tensor(spans, dtype=torch.int64) if spans else None
+
+
 class PackedRuntime(BatchingRuntime):
     """Concatenates the micro-batch's samples into a single (1, ΣL) row, no attention mask.
 
@@ -41,7 +57,8 @@ class PackedRuntime(BatchingRuntime):
     samples never attend to each other. With ``pad_to_multiple_of > 1`` a padding segment is
     appended, its positions restarting at 0 (a separate "sample" with no loss). With
     ``varlen_kwargs`` the boundaries (padding segment included) are also given explicitly as
-    flash-attention's ``cu_seq_lens_*``/``max_length_*``.
+    flash-attention's ``cu_seq_lens_*``/``max_length_*``, and the samples' bidirectional spans
+    as :data:`~hyper_core.attention.BIDIRECTIONAL_SPANS`.
     """
 
     name: ClassVar[str] = "packed"
@@ -85,6 +102,9 @@ class PackedRuntime(BatchingRuntime):
         if self.options.varlen_kwargs:
             lengths = [f.length for f in features] + ([num_padding] if num_padding else [])
             model_inputs.update(boundary_kwargs(lengths))
+            spans = row_spans(features)
+            if spans is not None:
+                model_inputs[BIDIRECTIONAL_SPANS] = spans
         return MicroBatch(
             model_inputs=model_inputs,
             loss_inputs={"labels": torch.cat(labels).unsqueeze(0)},

@@ -33,6 +33,11 @@ class SampleFeatures:
     num_videos: int = 0
     #: Free-form information for evaluation and metrics (never given to the model).
     meta: dict[str, Any] = attrs.field(factory=dict)
+    #: ``[start, end)`` token ranges whose tokens attend to each other both ways inside the
+    #: causal decoder (Gemma 3's image tokens, a prefix): the packed runtime gives them to
+    #: ``varlen`` attention (:data:`hyper_core.attention.BIDIRECTIONAL_SPANS`). The model's own
+    #: mask (under ``sdpa``/``eager``, or padded) must come from its inputs (``token_type_ids``).
+    bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def length(self) -> int:

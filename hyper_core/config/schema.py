@@ -125,8 +125,11 @@ class ModelConfig(_Section):
             "Attention implementation: transformers' (`sdpa`, `eager`, `flash_attention_2`...) "
             "or `varlen`, SDPA paid per sample of a packed row (exact, any device), or "
             "`flash_varlen`: torch's varlen flash kernel on CUDA, one call per layer for the "
-            "decoder and the vision tower (`varlen` on CPU). With `varlen`, `flash_varlen` and "
-            "`flash_*`, packed micro-batches carry each sample's boundaries (`cu_seq_lens_q`...)."
+            "decoder and the vision tower (`varlen` on CPU), or `flex_varlen`: torch's "
+            "`flex_attention` over a packed row with a block mask of its samples and "
+            "bidirectional spans (`varlen` for a CPU backward). With `varlen`, `flash_varlen`, "
+            "`flex_varlen` and `flash_*`, packed micro-batches carry each sample's boundaries "
+            "(`cu_seq_lens_q`...) and bidirectional spans (Gemma 3's image tokens)."
         ),
     )
     freeze: list[Literal["vision", "projector", "language"]] = attrs.field(

@@ -130,10 +130,12 @@ class AdapterUnderTest:
 
     def micro_batch(self, kind: str, features: Sequence[Any] | None = None) -> Any:
         """A ``packed`` or ``padded`` micro-batch of ``features`` by the core runtimes."""
+        from ..attention import uses_varlen_kwargs
         from .vl import micro_batch
 
         feats = self.features() if features is None else list(features)
-        return micro_batch(feats, kind, self.assets.pad_token_id)
+        varlen = uses_varlen_kwargs(self.model_config().attn_implementation)
+        return micro_batch(feats, kind, self.assets.pad_token_id, varlen_kwargs=varlen)
 
     def build_model(self, **overrides: Any) -> Any:
         """A seeded random-init model on CPU (``path=...`` loads weights instead)."""

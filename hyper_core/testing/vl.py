@@ -3,7 +3,7 @@ core-runtime micro-batches and the training loss (any adapter's tests can use th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +147,25 @@ def tiny_vl(
     adapter = resolve_adapter(config.model, get_plugin_host().registries)
     torch.manual_seed(0)
     return adapter, adapter.build_model(config.model), adapter.build_assets(config.model)
+
+
+def shuffled_images(samples: Sequence[Mapping[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """The samples with their images permuted across samples (the control of a demo: a model
+    that reads the pixels falls to about chance on them)."""
+    import copy
+    import random
+
+    out = [copy.deepcopy(dict(s)) for s in samples]
+    parts = [
+        part
+        for s in out
+        for m in s["messages"]
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part.get("type") == "image"
+    ]
+    images = [p["image"] for p in parts]
+    random.Random(seed).shuffle(images)
+    for part, image in zip(parts, images, strict=True):
+        part["image"] = image
+    return out

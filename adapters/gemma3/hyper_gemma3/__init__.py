@@ -1,0 +1,1 @@
+"""hyper-train adapter for Gemma 3 (``Gemma3ForConditionalGeneration``)."""
