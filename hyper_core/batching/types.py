@@ -39,6 +39,11 @@ class SampleFeatures:
     #: mask (under ``sdpa``/``eager``, or padded) must come from its inputs (``token_type_ids``).
     bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
+    def parts(self) -> dict[str, SampleFeatures]:
+        """The sequences this sample holds, by name, for display (``data show``): itself,
+        unnamed. A sample of several sequences (a preference pair) names each."""
+        return {"": self}
+
     @property
     def length(self) -> int:
         """Number of tokens."""

@@ -70,7 +70,7 @@ def cmd_data_show(args: argparse.Namespace, config: Any, host: Any) -> int:
     """Render the chosen sample; a sample the transform skips is a one-line error."""
     from ..data.dataset import Skipped
     from ..data.jsonl import format_source
-    from ..data.show import ShownSample, segments
+    from ..data.show import Segment, ShownSample, segments
     from ..trainer.data_stats import prepare_data
 
     prepared = prepare_data(config, host)
@@ -93,20 +93,25 @@ def cmd_data_show(args: argparse.Namespace, config: Any, host: Any) -> int:
             tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         )
 
+    def shown_segments(features: Any) -> tuple[Segment, ...]:
+        return tuple(
+            segments(
+                features.input_ids.tolist(),
+                features.labels.tolist(),
+                decode,
+                image_token_id=getattr(processor, "image_token_id", None),
+                video_token_id=getattr(processor, "video_token_id", None),
+            )
+        )
+
+    parts = tuple((name, shown_segments(f)) for name, f in item.parts().items())
     shown = ShownSample(
         index=index,
         split=args.split,
         total=len(dataset),
         source=source,
-        segments=tuple(
-            segments(
-                item.input_ids.tolist(),
-                item.labels.tolist(),
-                decode,
-                image_token_id=getattr(processor, "image_token_id", None),
-                video_token_id=getattr(processor, "video_token_id", None),
-            )
-        ),
+        segments=tuple(seg for _, segs in parts for seg in segs),
+        parts=parts if len(parts) > 1 else (),
     )
     if args.json:
         print(json.dumps(shown.to_json(), indent=2, ensure_ascii=False))

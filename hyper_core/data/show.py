@@ -87,7 +87,11 @@ class ShownSample:
     split: str
     total: int  # samples in the split
     source: str  # file:line
+    #: All the sample's segments (every part's, in order).
     segments: tuple[Segment, ...]
+    #: A sample of several sequences (a preference pair's chosen and rejected sides): each
+    #: part's name and segments, rendered under its name; empty for one sequence.
+    parts: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -115,6 +119,16 @@ class ShownSample:
             "image_tokens": self.media("image"),
             "video_tokens": self.media("video"),
             "segments": [s.to_json() for s in self.segments],
+            **(
+                {
+                    "parts": [
+                        {"name": n, "segments": [s.to_json() for s in segs]}
+                        for n, segs in self.parts
+                    ]
+                }
+                if self.parts
+                else {}
+            ),
         }
 
     def render(self, *, colour: bool) -> str:
@@ -137,7 +151,17 @@ class ShownSample:
         ]
         body: list[str] = []
         numbers = {"image": 0, "video": 0}
-        for s in self.segments:
+        for name, segs in self.parts or (("", self.segments),):
+            if name:
+                body.append(f"{'' if not body else chr(10)}--- {name} ---\n")
+            self._render_segments(segs, body, numbers, colour)
+        return "\n".join(lines) + "".join(body).rstrip("\n")
+
+    @staticmethod
+    def _render_segments(
+        segs: Sequence[Segment], body: list[str], numbers: dict[str, int], colour: bool
+    ) -> None:
+        for s in segs:
             if s.kind == "text":
                 if not s.loss:
                     body.append(s.text)
@@ -150,4 +174,3 @@ class ShownSample:
             numbers[s.kind] += 1
             mark = f"<{s.kind} {n}: {s.tokens} tokens>"
             body.append(f"{_COLOURS[s.kind]}{mark}{_RESET}" if colour else mark)
-        return "\n".join(lines) + "".join(body).rstrip("\n")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from pref_helpers import PLUGIN, dpo_config, train, write_text_pairs
 
@@ -137,3 +138,31 @@ def test_token_budget_counts_both_sides(tmp_path: Path) -> None:
         n = mb.loss_inputs[PAIRS_KEY]
         assert mb.num_loss_tokens == mb.num_samples == n
         assert set(mb.loss_inputs[SEQUENCE_FIELD].unique().tolist()) == set(range(1, 2 * n + 1))
+
+
+def test_data_show_renders_each_side_of_a_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyper_core.cli import main
+    from hyper_core.config import dump_config
+
+    host = isolated_host([PLUGIN])
+    pairs = write_text_pairs(tmp_path / "pairs.jsonl", 2)
+    raw = dpo_config(tmp_path / "out", pairs)
+    config_file = tmp_path / "dpo.toml"
+    config_file.write_text(
+        dump_config(load_config_dict(raw, sections=host.registries.config_sections))
+    )
+    row = json.loads(pairs.read_text().splitlines()[0])
+    code = main(["data", "show", str(config_file), "--index", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    chosen, rejected = out.split("--- chosen ---")[1].split("--- rejected ---")
+    # each side is its own conversation, its own reply trained
+    assert f"[[{row['chosen']}" in chosen and f"[[{row['rejected']}" not in chosen
+    assert f"[[{row['rejected']}" in rejected and f"[[{row['chosen']}" not in rejected
+    pair = _pairs(tmp_path, "messages")[0]
+    assert out.splitlines()[1].startswith(f"{pair.length} tokens")  # both sides counted
+    code = main(["data", "show", str(config_file), "--index", "0", "--json"])
+    report = json.loads(capsys.readouterr()[0])
+    assert [p["name"] for p in report["parts"]] == ["chosen", "rejected"]

@@ -117,6 +117,10 @@ class PairFeatures(SampleFeatures):
     chosen: SampleFeatures
     rejected: SampleFeatures
 
+    def parts(self) -> dict[str, SampleFeatures]:
+        """``data show`` renders each side under its name."""
+        return {"chosen": self.chosen, "rejected": self.rejected}
+
 
 def pair_key(chosen: SampleFeatures, rejected: SampleFeatures) -> str:
     """A content hash of the pair's tokens and media: the key of its reference log-probs."""
