@@ -183,7 +183,7 @@ def test_listed_by_plugins_json() -> None:
 def test_the_reason_the_data_was_not_read_is_cut_at_a_word(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import hyper_core.data.stats
+    import hyper_core.trainer.data_stats
     from hyper_core.errors import UserError
     from hyper_memory_profiler.cli import REASON_CHARS, label_fraction_of_data
 
@@ -192,7 +192,7 @@ def test_the_reason_the_data_was_not_read_is_cut_at_a_word(
     def unreadable(*args: object, **kwargs: object) -> None:
         raise UserError(" ".join(words) + "\nsecond line")
 
-    monkeypatch.setattr(hyper_core.data.stats, "data_stats", unreadable)
+    monkeypatch.setattr(hyper_core.trainer.data_stats, "data_stats", unreadable)
     _, source = label_fraction_of_data(None, None)
     reason = source.removeprefix("default; the data was not read: ")
     assert len(reason) <= REASON_CHARS and reason.endswith(" ...")
