@@ -28,26 +28,14 @@ def _stats(tmp_path: Path, source: dict[str, Any], max_seq_len: int = 128) -> An
 
 def _pairs(tmp_path: Path, style: str) -> list[PairFeatures]:
     """The transformed pairs of a file in ``style``, through the run's dataset stage."""
-    from hyper_core.parallel.env import DistEnv
-    from hyper_core.resolve import resolve_adapter
+    from hyper_core.trainer.data_stats import prepare_data
 
     host = isolated_host([PLUGIN])
     path = write_text_pairs(tmp_path / f"{style}.jsonl", 6, style=style)
     config = load_config_dict(
         dpo_config(tmp_path / "out", path), sections=host.registries.config_sections
     )
-    adapter = resolve_adapter(config.model, host.registries)
-    assets = host.call_stage("build_model_assets", config=config, adapter=adapter)
-    transform = host.call_stage(
-        "build_data_transform", config=config, adapter=adapter, assets=assets
-    )
-    splits = host.call_stage(
-        "build_dataset",
-        config=config,
-        transform=transform,
-        dist=DistEnv(),
-        registries=host.registries,
-    )
+    splits = prepare_data(config, host).datasets
     return [splits.train[i] for i in range(len(splits.train))]
 
 
