@@ -224,11 +224,22 @@ def register_config_sections(register: RegisterSection) -> None:
 
 @hookspec
 def register_commands(register: RegisterCommand) -> None:
-    """Register ``hyper-train`` subcommands.
+    """Register ``hyper-train`` subcommands; the core's own (``run``, ``config``, ...) are
+    registered here too, by the builtin plugin ``hyper_core.cli.plugin``.
 
-    ``register(name, add_arguments, run, help="")``: ``add_arguments(parser)`` fills an argparse
-    sub-parser; ``run(args) -> int | None`` executes the command and returns an exit code. Both
-    must import heavy modules lazily.
+    ``register(name, add_arguments, run, help="", *, description=None)``:
+    ``add_arguments(parser)`` fills the command's parser, a
+    :class:`~hyper_core.cli.parser.CommandParser` (argparse's, with the global flags
+    ``--debug``, ``--strict-plugins`` and ``--plugin``; the parsers of its actions from
+    ``parser.add_subparsers()`` have them too). ``parser.accept_overrides()`` lets extra
+    ``--section.key=value`` arguments through as ``args.overrides`` (else they are an error).
+    ``run(args) -> int | None`` executes the command and returns an exit code. Both must import
+    heavy modules lazily: ``hyper-train --help`` calls every ``add_arguments``. A command that
+    reads a config uses the core's helpers: ``hyper_core.cli.host.load_run_config(args)``
+    (``args.config``, ``args.overrides``, the world size of
+    ``hyper_core.cli.parser.add_world_options``) returns ``(config, host)``, and
+    ``plugin_host(args)`` the plugin host of ``--plugin``/``--strict-plugins``. Two plugins
+    registering one name is an error naming both.
 
     Example::
 

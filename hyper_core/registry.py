@@ -230,10 +230,12 @@ class Registries:
 
 @attrs.frozen
 class CommandSpec:
-    """A CLI subcommand contributed by a plugin."""
+    """A ``hyper-train`` subcommand, registered by a plugin (the core's too:
+    :mod:`hyper_core.cli.plugin`)."""
 
     name: str
     add_arguments: Callable[[Any], None]
     run: Callable[[Any], int | None]
     help: str
     plugin: str
+    description: str | None = None

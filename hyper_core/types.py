@@ -32,8 +32,11 @@ from .parallel.load_plan import LoadPlan
 from .trainer.state import TrainState
 
 if TYPE_CHECKING:
+    import argparse
+
     import torch
 
+    from .cli.parser import CommandParser
     from .trainer.trainer import Trainer
 
 
@@ -80,9 +83,11 @@ class RegisterCommand(Protocol):
     def __call__(
         self,
         name: str,
-        add_arguments: Callable[[Any], None],
-        run: Callable[[Any], int | None],
+        add_arguments: Callable[[CommandParser], None],
+        run: Callable[[argparse.Namespace], int | None],
         help: str = "",
+        *,
+        description: str | None = None,
     ) -> None: ...
 
 

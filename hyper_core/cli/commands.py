@@ -1,4 +1,5 @@
-"""The core's subcommands: run, plugins, config, data, export, chat, predict, plot, new-plugin."""
+"""The core's subcommands (run, plugins, config, data, export, chat, plot, new-plugin): each
+``add_NAME(parser)`` and ``cmd_NAME(args)``, registered by :mod:`hyper_core.cli.plugin`."""
 
 from __future__ import annotations
 
@@ -7,45 +8,30 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PluginError, RunFailed, UserError
+from ..errors import RunFailed, UserError
 from ..parallel.rank_status import record_crashes, reported_by_launcher
 from . import launch
 from .data_show import add_show_options, cmd_data_show
-from .predict import add_predict_command
-
-CORE_COMMANDS = (
-    "run",
-    "plugins",
-    "config",
-    "data",
-    "export",
-    "chat",
-    "predict",
-    "plot",
-    "new-plugin",
-)
+from .host import load_checked_config, load_run_config, plugin_host
+from .parser import CommandParser, add_world_options
 
 
-def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add the core's subcommands to ``sub``."""
-    run = sub.add_parser(
-        "run",
-        help="train from a config",
-        description="Train from a TOML config. Extra --section.key=value arguments override it.",
+def add_run(parser: CommandParser) -> None:
+    """``run CONFIG``'s options."""
+    parser.accept_overrides()
+    parser.add_argument("config", help="the TOML config")
+    parser.add_argument("--dry-run", action="store_true", help="validate and resolve, don't train")
+    parser.add_argument(
+        "--trace-hooks", action="store_true", help="log every hook call and its time"
     )
-    global_options(run)
-    run.add_argument("config", help="the TOML config")
-    run.add_argument("--dry-run", action="store_true", help="validate and resolve, don't train")
-    run.add_argument("--trace-hooks", action="store_true", help="log every hook call and its time")
-    _world_options(run)
-    run.add_argument("--node-rank", type=int, default=None, help="this node's rank")
-    run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
-    run.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
-    run.add_argument(
+    add_world_options(parser)
+    parser.add_argument("--node-rank", type=int, default=None, help="this node's rank")
+    parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
+    parser.add_argument("--rdzv-id", default=None, help="job id for the rendezvous")
+    parser.add_argument(
         "--max-restarts",
         type=int,
         default=0,
@@ -53,192 +39,105 @@ def add_commands(sub: Any, global_options: Callable[[argparse.ArgumentParser], N
         help="with --nproc-per-node: after a failed launch, start the ranks again up to N times, "
         "each resuming from the latest checkpoint (default: 0)",
     )
-    run.set_defaults(handler=cmd_run, accepts_overrides=True)
 
-    plugins = sub.add_parser("plugins", help="list, install or uninstall plugins")
-    global_options(plugins)
-    plugins.add_argument(
+
+def add_plugins(parser: CommandParser) -> None:
+    """``plugins [list|install|uninstall] [NAME]``'s options."""
+    parser.add_argument(
         "action", nargs="?", choices=["list", "install", "uninstall"], default="list"
     )
-    plugins.add_argument("name", nargs="?", help="distribution to install or uninstall")
-    plugins.add_argument("--json", action="store_true", help="machine-readable output")
-    plugins.set_defaults(handler=cmd_plugins)
+    parser.add_argument("name", nargs="?", help="distribution to install or uninstall")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
-    config = sub.add_parser("config", help="show or validate a config")
-    global_options(config)
-    config.add_argument("action", choices=["show", "validate"])
-    config.add_argument("config", help="the TOML config")
-    _world_options(config)
-    config.set_defaults(handler=cmd_config, accepts_overrides=True)
 
-    data = sub.add_parser(
-        "data",
-        help="check the training data without training",
-        description="stats: read the training samples through the real transform (no model) "
-        "and print bad samples, tokens and images per sample, predicted padding and steps "
-        "(exit 3 when no sample is usable). show: one sample as the model sees it, its trained "
-        "tokens marked, each image as its token count.",
-    )
-    global_options(data)
-    data.add_argument("action", choices=["stats", "show"])
-    data.add_argument("config", help="the TOML config")
-    data.add_argument("--samples", type=int, default=None, help="read only the first N samples")
-    data.add_argument("--json", action="store_true", help="machine-readable output")
-    add_show_options(data)
-    _world_options(data)
-    data.set_defaults(handler=cmd_data, accepts_overrides=True)
+def add_config(parser: CommandParser) -> None:
+    """``config show|validate CONFIG``'s options."""
+    parser.accept_overrides()
+    parser.add_argument("action", choices=["show", "validate"])
+    parser.add_argument("config", help="the TOML config")
+    add_world_options(parser)
 
-    export = sub.add_parser("export", help="write a checkpoint in the Hugging Face layout")
-    global_options(export)
-    export.add_argument(
+
+def add_data(parser: CommandParser) -> None:
+    """``data stats|show CONFIG``'s options."""
+    parser.accept_overrides()
+    parser.add_argument("action", choices=["stats", "show"])
+    parser.add_argument("config", help="the TOML config")
+    parser.add_argument("--samples", type=int, default=None, help="read only the first N samples")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_show_options(parser)
+    add_world_options(parser)
+
+
+def add_export(parser: CommandParser) -> None:
+    """``export CHECKPOINT --out DIR``'s options."""
+    parser.add_argument(
         "checkpoint", help="a checkpoints/step-N folder, checkpoints/latest or a run's output_dir"
     )
-    export.add_argument("--out", required=True, help="output directory")
-    export.add_argument("--config", default=None, help="the run's config (default: its copy)")
-    export.add_argument(
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--config", default=None, help="the run's config (default: its copy)")
+    parser.add_argument(
         "--max-shard-size",
         default="5GB",
         help="largest safetensors shard, e.g. 2GB or 500MB (default: 5GB)",
     )
-    export.add_argument(
+    parser.add_argument(
         "--dtype",
         choices=["auto", "bf16", "fp32", "fp16"],
         default="auto",
         help="dtype of the written weights; auto: the dtype in [model] path's config.json, "
         "else [model] dtype (default: auto)",
     )
-    export.add_argument(
+    parser.add_argument(
         "--merge",
         action="store_true",
         help="for a checkpoint of adapters (e.g. a [peft] run): write the base model with the "
         "adapters merged in, instead of the adapters",
     )
-    export.set_defaults(handler=cmd_export)
 
-    chat = sub.add_parser(
-        "chat",
-        help="answer prompts with a trained model",
-        description="Load a checkpoint, a run's output_dir or an exported model and answer: "
-        "once with --prompt, else one line of stdin at a time (/image PATH attaches an image "
-        "to the next message, /clear forgets the conversation, exit or EOF ends).",
-    )
-    global_options(chat)
-    chat.add_argument(
+
+def add_chat(parser: CommandParser) -> None:
+    """``chat MODEL``'s options."""
+    parser.add_argument(
         "model",
         help="a checkpoints/step-N folder, checkpoints/latest, a run's output_dir or an export "
         "(a LoRA adapter directory too)",
     )
-    chat.add_argument("--prompt", default=None, help="answer this one message and exit")
-    chat.add_argument(
+    parser.add_argument("--prompt", default=None, help="answer this one message and exit")
+    parser.add_argument(
         "--image", action="append", default=[], metavar="PATH", help="attach an image (repeatable)"
     )
-    chat.add_argument("--system", default=None, help="a system message")
-    chat.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
-    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    chat.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
-    chat.add_argument("--adapter", default=None, help="the model adapter (for an export)")
-    chat.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    chat.set_defaults(handler=cmd_chat)
+    parser.add_argument("--system", default=None, help="a system message")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
+    parser.add_argument("--adapter", default=None, help="the model adapter (for an export)")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
 
-    add_predict_command(sub, global_options)
 
-    plot = sub.add_parser("plot", help="draw loss, lr and throughput of a run to a PNG")
-    global_options(plot)
-    plot.add_argument("output_dir", help="the run's output_dir")
-    plot.add_argument("--out", default=None, help="PNG path (default: OUTPUT_DIR/metrics.png)")
-    plot.set_defaults(handler=cmd_plot)
+def add_plot(parser: CommandParser) -> None:
+    """``plot OUTPUT_DIR``'s options."""
+    parser.add_argument("output_dir", help="the run's output_dir")
+    parser.add_argument("--out", default=None, help="PNG path (default: OUTPUT_DIR/metrics.png)")
 
-    new = sub.add_parser(
-        "new-plugin",
-        help="scaffold a plugin or model-adapter package",
-        description="Write DIR/hyper-train-NAME/: pyproject.toml with the hyper_train.plugins "
-        "entry point, the hyper_NAME package, a README and tests using hyper-train's test kit.",
-    )
-    global_options(new)
-    new.add_argument("name", help="lowercase letters, digits and hyphens, e.g. my-adapter")
-    new.add_argument(
+
+def add_new_plugin(parser: CommandParser) -> None:
+    """``new-plugin NAME``'s options."""
+    parser.add_argument("name", help="lowercase letters, digits and hyphens, e.g. my-adapter")
+    parser.add_argument(
         "--kind",
         choices=["plugin", "adapter"],
         default="plugin",
         help="plugin: hook implementations and a config section; adapter: a model adapter "
         "(default: plugin)",
     )
-    new.add_argument(
+    parser.add_argument(
         "--vision",
         action="store_true",
         help="with --kind adapter: a vision-language adapter (vision tower, projector and "
         "decoder; after the LLaVA example)",
     )
-    new.add_argument("--out", default=".", metavar="DIR", help="parent folder (default: .)")
-    new.set_defaults(handler=cmd_new_plugin)
-
-
-# -- helpers --------------------------------------------------------------------------------
-
-
-def _world_options(parser: argparse.ArgumentParser) -> None:
-    """``--nproc-per-node``/``--nnodes``: the world size the config is checked against."""
-    parser.add_argument("--nproc-per-node", type=int, default=None, help="processes per node")
-    parser.add_argument(
-        "--nnodes",
-        default=None,
-        help="nodes, N or MIN:MAX (the config is checked for every world size in between)",
-    )
-
-
-def plugin_host(args: argparse.Namespace) -> Any:
-    """The plugin host for this invocation (``--plugin`` modules, ``--strict-plugins``)."""
-    from ..plugins import get_plugin_host
-
-    return get_plugin_host(tuple(args.plugin), strict=True if args.strict_plugins else None)
-
-
-def check_required_plugins(host: Any, required: list[str]) -> None:
-    """``[run] plugins`` names installed plugins (entry point or distribution) the run needs.
-
-    A config never names code to import: these must already be installed.
-    """
-    for name in required:
-        record = host.records.get(name) or next(
-            (r for r in host.records.values() if r.distribution == name), None
-        )
-        if record is None:
-            raise PluginError(f"$.run.plugins: plugin {name!r} is not installed (pip install it)")
-        if record.status == "disabled":
-            raise PluginError(
-                f"$.run.plugins: plugin {name!r} is installed but disabled by "
-                f"HYPER_TRAIN_PLUGINS={os.environ.get('HYPER_TRAIN_PLUGINS', '')!r}"
-            )
-        if record.status == "failed":
-            raise PluginError(f"$.run.plugins: plugin {name!r} failed to load: {record.error}")
-
-
-def load_run_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Read and validate the config with the installed plugins, for the world size of
-    ``--nproc-per-node``/``--nnodes`` when given; returns ``(config, host)``."""
-    from ..config import load_config
-    from ..config.adapter_options import check_adapter_options
-    from ..config.world import check_world
-    from ..resolve import strategy_class
-
-    host = plugin_host(args)
-    config = load_config(args.config, args.overrides, host.registries.config_sections)
-    check_required_plugins(host, config.run.plugins)
-    check_adapter_options(config, host.registries, source=str(args.config))
-    nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
-    strategy = strategy_class(config, host.registries)
-    check_world(config, nproc, nnodes, source=str(args.config), strategy=strategy)
-    return config, host
-
-
-def load_checked_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """:func:`load_run_config`, then the checks against this machine that a run needs (its
-    data files exist, its loggers are installed); an estimate needs neither."""
-    from ..config.preflight import check_environment
-
-    config, host = load_run_config(args)
-    check_environment(config, source=str(args.config))
-    return config, host
+    parser.add_argument("--out", default=".", metavar="DIR", help="parent folder (default: .)")
 
 
 # -- run ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Argument parsing, plugin commands, and turning errors into exit codes.
+"""Argument parsing over the registered commands, and turning errors into exit codes.
 
 User errors (:class:`~hyper_core.errors.UserError`) print one line and exit 2; ``--debug``
 shows the traceback. Any other exception is a failed run: exit 1, with a
@@ -12,46 +12,36 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import RunFailed, UserError
+from .parser import CommandParser, add_global_options
+
+if TYPE_CHECKING:
+    from ..registry import CommandSpec
 
 EXIT_USER_ERROR = 2
 EXIT_FAILED = 1
 
 
-def _global_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    parser.add_argument(
-        "--strict-plugins",
-        action="store_true",
-        help="a plugin that fails to load is fatal (also HYPER_TRAIN_STRICT_PLUGINS=1)",
-    )
-    parser.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="also load this importable module as a plugin (repeatable)",
-    )
-
-
-def build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The parser; ``commands`` are the subcommands plugins registered."""
-    from . import commands as core
-
+def build_parser(commands: Mapping[str, CommandSpec]) -> argparse.ArgumentParser:
+    """The parser of ``hyper-train`` with the registered ``commands`` (the core's among them,
+    :mod:`hyper_core.cli.plugin`), in registration order; each command's parser is a
+    :class:`~hyper_core.cli.parser.CommandParser`."""
     parser = argparse.ArgumentParser(
         prog="hyper-train",
         description="Train vision-language models with plugins.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    _global_options(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    core.add_commands(sub, _global_options)
-    for spec in (commands or {}).values():
-        p = sub.add_parser(spec.name, help=spec.help or f"(from plugin {spec.plugin})")
-        _global_options(p)
+    add_global_options(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
+    for spec in commands.values():
+        p = sub.add_parser(
+            spec.name,
+            help=spec.help or f"(from plugin {spec.plugin})",
+            description=spec.description,
+        )
         spec.add_arguments(p)
         p.set_defaults(handler=spec.run)
     return parser
@@ -73,13 +63,8 @@ def _quiet_library_bars() -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def _plugin_commands(argv: Sequence[str]) -> dict[str, Any]:
-    """Plugin subcommands (for ``--help`` and non-core commands; plugins import no torch)."""
-    from . import commands as core
-
-    first = next((a for a in argv if not a.startswith("-")), None)
-    if first in core.CORE_COMMANDS:
-        return {}
+def _commands(argv: Sequence[str]) -> dict[str, CommandSpec]:
+    """Every registered command (plugins import no torch)."""
     from ..plugins import get_plugin_host
 
     strict = "--strict-plugins" in argv or None
@@ -103,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        parser = build_parser(_plugin_commands(argv))
+        parser = build_parser(_commands(argv))
         args, extra = parser.parse_known_args(argv)
         if args.version:
             from .. import __version__

@@ -10,42 +10,31 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError
+from .parser import CommandParser
 
 
-def add_predict_command(
-    sub: Any, global_options: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add ``predict`` to the core's subcommands."""
-    p = sub.add_parser(
-        "predict",
-        help="answer every prompt of a test file and score the answers",
-        description="Load a checkpoint, a run's output_dir or an export (as chat does, LoRA "
-        "included), answer each sample of a .jsonl/.json/.parquet test file (its conversation "
-        "before the last assistant turn; that turn is the reference) in batches, write one JSON "
-        "line per sample in input order (index, source, prompt, reference, prediction) and print "
-        "exact match, token F1 and ROUGE-L.",
-    )
-    global_options(p)
-    p.add_argument(
+def add_predict(parser: CommandParser) -> None:
+    """``predict MODEL --data FILE --out FILE``'s options."""
+    parser.add_argument(
         "model",
         help="a checkpoints/step-N folder, checkpoints/latest, a run's output_dir or an export",
     )
-    p.add_argument("--data", required=True, help="the test file (.jsonl, .json or .parquet)")
-    p.add_argument("--out", required=True, help="where to write the predictions (JSON lines)")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--image-dir", default=None, help="relative image paths resolve here")
-    p.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
-    p.add_argument("--adapter", default=None, help="the model adapter (for an export)")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument(
+    parser.add_argument("--data", required=True, help="the test file (.jsonl, .json or .parquet)")
+    parser.add_argument("--out", required=True, help="where to write the predictions (JSON lines)")
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="prompts per generate (default 8)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--image-dir", default=None, help="relative image paths resolve here")
+    parser.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
+    parser.add_argument("--adapter", default=None, help="the model adapter (for an export)")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument(
         "--nproc-per-node", type=int, default=None, help="ranks on this machine, each on a share"
     )
-    p.set_defaults(handler=cmd_predict)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -109,7 +98,7 @@ def _predict_here(args: argparse.Namespace) -> int:
     from ..parallel.env import torchrun_env
     from ..predict import predict, prompt_sample, read_records, read_test_file, write_records
     from ..text_metrics import TextScores
-    from .commands import plugin_host
+    from .host import plugin_host
 
     env = torchrun_env()
     rank, world = (env["rank"], env["world_size"]) if env else (0, 1)

@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "hyper_core.builtin.formats",
     "hyper_core.demo.plugin",
     "hyper_core.builtin.stages",
+    "hyper_core.cli.plugin",
     "hyper_core.builtin.step_profiler",
     "hyper_core.builtin.moe_stats",
     "hyper_core.builtin.progress",
@@ -339,6 +340,8 @@ class PluginHost:
             add_arguments: Callable[[Any], None],
             run: Callable[[Any], Any],
             help: str = "",
+            *,
+            description: str | None = None,
         ) -> None:
             existing = self.registries.commands.get(name)
             if existing is not None and existing.plugin != plugin:
@@ -347,7 +350,12 @@ class PluginHost:
                     f"and by plugin {plugin!r}"
                 )
             self.registries.commands[name] = CommandSpec(
-                name=name, add_arguments=add_arguments, run=run, help=help, plugin=plugin
+                name=name,
+                add_arguments=add_arguments,
+                run=run,
+                help=help,
+                plugin=plugin,
+                description=description,
             )
             self._note(plugin, "command", name)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hyper_core.cli.main import build_parser
+from hyper_core.plugins import get_plugin_host
 from hyper_core.scaffold import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def new_plugin_flags() -> set[str]:
     """The long options of ``hyper-train new-plugin`` (not the global ones), from the parser."""
-    parser = build_parser({})
+    parser = build_parser(get_plugin_host().registries.commands)
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     sub = subcommands.choices["new-plugin"]
     flags = {s for a in sub._actions for s in a.option_strings if s.startswith("--")}

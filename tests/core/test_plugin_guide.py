@@ -38,8 +38,9 @@ def test_the_kit_names_it_mentions_exist() -> None:
 
 def test_the_commands_it_shows_exist() -> None:
     from hyper_core.cli.main import build_parser
+    from hyper_core.plugins import get_plugin_host
 
-    parser = build_parser({})
+    parser = build_parser(get_plugin_host().registries.commands)
     text = GUIDE.read_text()
     for sub in re.findall(r"^hyper-train ([a-z-]+)", text, re.M):
         args = {"run": ["run", "x.toml"], "new-plugin": ["new-plugin", "x"]}.get(sub, [sub])

@@ -225,6 +225,8 @@ def test_each_builtin_capability_is_its_own_listed_plugin() -> None:
         "dataset format": ["shapes", "moving_shapes"]
     }
     assert "dataset format" not in recs["hyper_core.builtin.components"].registers
+    commands = ["run", "plugins", "config", "data", "export", "chat", "predict", "plot"]
+    assert recs["hyper_core.cli.plugin"].registers == {"command": [*commands, "new-plugin"]}
     for module in ("progress", "moe_stats", "step_profiler"):
         assert recs[f"hyper_core.builtin.{module}"].hooks == ["build_callbacks"], module
     assert "build_callbacks" not in recs["hyper_core.builtin.stages"].hooks

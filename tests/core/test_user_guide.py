@@ -153,7 +153,7 @@ def test_there_are_toml_blocks() -> None:
 
 @pytest.mark.parametrize("block", TOML_BLOCKS, ids=[f"line{b.line}" for b in TOML_BLOCKS])
 def test_toml_block_is_a_valid_config(block: Block, host: Any) -> None:
-    from hyper_core.cli.commands import check_required_plugins
+    from hyper_core.cli.host import check_required_plugins
 
     snippet = tomllib.loads(block.text)
     data = merged_config(snippet)

@@ -7,9 +7,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .units import GIB, fmt_mib, parse_size
+
+if TYPE_CHECKING:
+    from hyper_core.cli.parser import CommandParser
 
 #: ``memory estimate`` exit code when the estimate exceeds ``--device-memory`` after headroom.
 EXIT_DOES_NOT_FIT = 3
@@ -17,29 +20,6 @@ EXIT_DOES_NOT_FIT = 3
 LABEL_SAMPLES = 64
 #: The default label share (the estimator's; repeated here to keep ``--help`` torch-free).
 DEFAULT_LABEL_FRACTION = 0.38
-
-
-def _global_options(parser: argparse.ArgumentParser) -> None:
-    """The CLI's global flags, accepted after the action too (without resetting them)."""
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="show tracebacks of user errors",
-    )
-    parser.add_argument(
-        "--strict-plugins",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="a plugin that fails to load is fatal",
-    )
-    parser.add_argument(
-        "--plugin",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="MODULE",
-        help="also load this module as a plugin",
-    )
 
 
 def _fraction(text: str) -> float:
@@ -59,9 +39,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``memory`` command's actions and options."""
-    parser.set_defaults(accepts_overrides=True)
+def add_arguments(parser: CommandParser) -> None:
+    """The ``memory`` command's actions and options (each action's parser, a
+    :class:`~hyper_core.cli.parser.CommandParser` too, takes the global flags)."""
     sub = parser.add_subparsers(dest="memory_action", metavar="ACTION", required=True)
     est = sub.add_parser(
         "estimate",
@@ -78,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"{EXIT_DOES_NOT_FIT} it does not fit --device-memory after --headroom."
         ),
     )
-    _global_options(est)
+    est.accept_overrides()
     est.add_argument("config", help="the TOML config")
     est.add_argument(
         "--model-config",
@@ -139,7 +119,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the memory report of a profiled run",
         description="Print the tables of OUTPUT_DIR's memory summary (from [memory_profiler]).",
     )
-    _global_options(rep)
     rep.add_argument("output_dir", help="the run's output_dir (or its memory folder)")
     rep.add_argument("--json", action="store_true", help="print summary.json")
 
@@ -156,8 +135,6 @@ def _report(args: argparse.Namespace) -> int:
 
     from .report import find_summary, format_report
 
-    if getattr(args, "overrides", None):
-        raise UserError(f"memory report: unrecognized arguments: {' '.join(args.overrides)}")
     try:
         path = find_summary(args.output_dir)
     except FileNotFoundError as exc:
@@ -198,7 +175,7 @@ def _batch(args: argparse.Namespace, config: Any, registries: Any) -> Any:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from hyper_core.cli.commands import load_run_config
+    from hyper_core.cli.host import load_run_config
     from hyper_core.errors import UserError
 
     from .estimate import estimate_config
