@@ -898,7 +898,7 @@ def load_checkpoint_model(
     records its run's config (e.g. ``hyper-train-peft``'s adapter directory); ``config`` the
     run's config. Return ``None`` to leave it to the next implementation; without one the core
     builds the model as configured and loads every weight from the checkpoint
-    (:func:`hyper_core.inference.load_checkpoint_model`). A plugin whose checkpoints hold part
+    (:func:`hyper_core.trained_model.load_checkpoint_model`). A plugin whose checkpoints hold part
     of the model (e.g. only LoRA adapters) rebuilds the rest here.
 
     Example::

@@ -22,7 +22,7 @@ from .errors import UserError
 
 if TYPE_CHECKING:
     from .adapters.base import GenerationPrompt
-    from .inference import ChatModel, GenerationSettings
+    from .generation import ChatModel, GenerationSettings
     from .registry import Registries
 
 
@@ -138,7 +138,7 @@ def predict(
 ) -> Iterator[dict[str, Any]]:
     """One output record per sample, in order; generation in batches of ``batch_size``
     usable samples; ``advance(n)`` after each ``n`` samples are done."""
-    from .inference import decode, generate_batch_ids
+    from .generation import decode, generate_batch_ids
 
     pending: list[tuple[PromptSample, Any]] = []
 

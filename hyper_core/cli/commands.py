@@ -1,4 +1,4 @@
-"""The core's subcommands (run, plugins, config, data, export, chat, plot, new-plugin): each
+"""The core's subcommands (run, plugins, config, data, export, plot, new-plugin): each
 ``add_NAME(parser)`` and ``cmd_NAME(args)``, registered by :mod:`hyper_core.cli.plugin`."""
 
 from __future__ import annotations
@@ -94,25 +94,6 @@ def add_export(parser: CommandParser) -> None:
         help="for a checkpoint of adapters (e.g. a [peft] run): write the base model with the "
         "adapters merged in, instead of the adapters",
     )
-
-
-def add_chat(parser: CommandParser) -> None:
-    """``chat MODEL``'s options."""
-    parser.add_argument(
-        "model",
-        help="a checkpoints/step-N folder, checkpoints/latest, a run's output_dir or an export "
-        "(a LoRA adapter directory too)",
-    )
-    parser.add_argument("--prompt", default=None, help="answer this one message and exit")
-    parser.add_argument(
-        "--image", action="append", default=[], metavar="PATH", help="attach an image (repeatable)"
-    )
-    parser.add_argument("--system", default=None, help="a system message")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="longest answer (tokens)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--config", default=None, help="the run's config (for a checkpoint)")
-    parser.add_argument("--adapter", default=None, help="the model adapter (for an export)")
-    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
 
 
 def add_plot(parser: CommandParser) -> None:
@@ -373,45 +354,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     print(f"exported {ckpt} to {out}")
     return 0
-
-
-# -- chat -----------------------------------------------------------------------------------
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    """``hyper-train chat MODEL [--image PATH] [--prompt TEXT]``."""
-    from ..inference import GenerationSettings, chat_lines, check_image, load_chat_model
-
-    images = [check_image(p, "--image") for p in args.image]
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: expected at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise UserError(f"--temperature: expected at least 0, got {args.temperature}")
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    chat = load_chat_model(
-        args.model,
-        plugin_host(args),
-        config_path=args.config,
-        adapter=args.adapter,
-        device=args.device,
-    )
-    lines = [args.prompt] if args.prompt is not None else _stdin_lines()
-    for answer in chat_lines(chat, lines, images=images, system=args.system, settings=settings):
-        print(answer, flush=True)
-    return 0
-
-
-def _stdin_lines() -> Any:
-    """Lines of stdin, with a ``> `` prompt on a terminal."""
-    if sys.stdin.isatty():
-        while True:
-            try:
-                yield input("> ")
-            except EOFError:
-                return
-    else:
-        for line in sys.stdin:
-            yield line.rstrip("\n")
 
 
 # -- plot -----------------------------------------------------------------------------------

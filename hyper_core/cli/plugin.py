@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..hookspecs import hookimpl
 from . import commands as core
+from .chat import add_chat, cmd_chat
 from .predict import add_predict, cmd_predict
 
 if TYPE_CHECKING:
@@ -45,8 +46,8 @@ def register_commands(register: RegisterCommand) -> None:
     )
     register(
         "chat",
-        core.add_chat,
-        core.cmd_chat,
+        add_chat,
+        cmd_chat,
         help="answer prompts with a trained model",
         description="Load a checkpoint, a run's output_dir or an exported model and answer: "
         "once with --prompt, else one line of stdin at a time (/image PATH attaches an image "

@@ -94,10 +94,11 @@ def _predict_here(args: argparse.Namespace) -> int:
     import torch
 
     from ..data.loader import rank_slice
-    from ..inference import GenerationSettings, load_chat_model
+    from ..generation import GenerationSettings
     from ..parallel.env import torchrun_env
     from ..predict import predict, prompt_sample, read_records, read_test_file, write_records
     from ..text_metrics import TextScores
+    from ..trained_model import load_chat_model
     from .host import plugin_host
 
     env = torchrun_env()

@@ -117,7 +117,7 @@ class DefaultEvaluator:
             return []
         from ..data.conversation import parse_conversation
         from ..data.errors import SampleError
-        from ..inference import GenerationSettings, decode, generate_answer_ids
+        from ..generation import GenerationSettings, decode, generate_answer_ids
 
         raw = getattr(self.loader.dataset, "raw_samples", ())
         tokenizer = self.assets.tokenizer

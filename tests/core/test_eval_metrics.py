@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hyper_core.demo.text import ensure_text_demo
-from hyper_core.inference import ChatModel, GenerationSettings
+from hyper_core.generation import ChatModel, GenerationSettings
 from hyper_core.testing import TinyRun, read_metrics, run_tiny_training, tiny_text_config
 from hyper_core.trainer.evaluate import GENERATE_SLACK_TOKENS
 from hyper_core.trainer.metrics import MetricsWriter

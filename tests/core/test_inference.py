@@ -1,4 +1,5 @@
-"""``hyper-train chat`` and :mod:`hyper_core.inference` on a tiny text model.
+"""``hyper-train chat``, :mod:`hyper_core.generation` and :mod:`hyper_core.trained_model` on a
+tiny text model.
 
 A tiny model trained until it has memorised one answer must give that answer through every
 way of naming the model (run folder, checkpoint, export), one-shot and interactively; the
@@ -17,15 +18,15 @@ import pytest
 import torch
 
 from hyper_core.cli import main
-from hyper_core.inference import (
+from hyper_core.generation import (
     GenerationSettings,
     build_prompt,
     decode,
     generate_answer_ids,
-    load_chat_model,
     prompt_conversation,
 )
 from hyper_core.testing import isolated_host
+from hyper_core.trained_model import load_chat_model
 
 QUESTION = "What colour is the sky?"
 ANSWER = "blue"
@@ -205,3 +206,14 @@ def test_an_image_for_a_text_model_is_a_user_error(
     code = main(["chat", str(trained), "--image", str(image), "--prompt", QUESTION])
     err = capsys.readouterr().err
     assert code == 2 and "hyper-train: error: prompt: bad_format" in err, err
+
+
+def test_the_deprecated_module_warns_and_reexports() -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("hyper_core.inference", None)
+    with pytest.warns(DeprecationWarning, match="hyper_core.generation"):
+        old = importlib.import_module("hyper_core.inference")
+    assert old.load_chat_model is load_chat_model
+    assert old.GenerationSettings is GenerationSettings

@@ -13,11 +13,12 @@ import pytest
 
 from hyper_core.cli import main
 from hyper_core.config import dump_config, load_config_dict
-from hyper_core.inference import GenerationSettings, load_chat_model
+from hyper_core.generation import GenerationSettings
 from hyper_core.plugins import get_plugin_host
 from hyper_core.testing import run_tiny_training, tiny_text_config
 from hyper_core.testing.processes import hyper_train
 from hyper_core.text_metrics import TextScores
+from hyper_core.trained_model import load_chat_model
 
 QUESTIONS = ["Repeat: tea", "What comes after f?", "Say hi", "Name a river.", "Count: 1 2", "ok?"]
 NEW_TOKENS = 6
@@ -110,7 +111,7 @@ def test_batched_predictions_equal_one_at_a_time_answers_in_input_order(
 def test_a_left_padded_batch_gives_each_prompt_its_own_logits(run: Path) -> None:
     import torch
 
-    from hyper_core.inference import _left_padded, build_prompt, prompt_conversation
+    from hyper_core.generation import _left_padded, build_prompt, prompt_conversation
 
     chat = load_chat_model(run, get_plugin_host(), device="cpu")
     questions = ["Hi", "What comes after the letter f in the alphabet?", "Name a river."]

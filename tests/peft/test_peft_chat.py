@@ -14,9 +14,10 @@ import torch
 from peft_helpers import lora_config, train, write_toml
 
 from hyper_core.cli import main
-from hyper_core.inference import ChatModel, GenerationSettings, load_chat_model
+from hyper_core.generation import ChatModel, GenerationSettings
 from hyper_core.plugins import get_plugin_host
 from hyper_core.testing import run_tiny_training, tiny_text_config
+from hyper_core.trained_model import load_chat_model
 
 IDS = torch.arange(3, 40)[None]
 PROMPT = "Tell me a story."

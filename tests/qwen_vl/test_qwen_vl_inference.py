@@ -16,13 +16,9 @@ from qwen_vl_helpers import ADAPTERS, cached_assets, model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.cli import main
-from hyper_core.inference import (
-    GenerationSettings,
-    build_prompt,
-    load_chat_model,
-    prompt_conversation,
-)
+from hyper_core.generation import GenerationSettings, build_prompt, prompt_conversation
 from hyper_core.testing import isolated_host
+from hyper_core.trained_model import load_chat_model
 from hyper_qwen_vl.adapters import QwenVLAdapter
 
 
