@@ -52,7 +52,8 @@ class VisionContext:
                 f"per-image metadata {key!r} is missing (the micro-batch carries: {have}); the "
                 "processor must list it in metadata_keys and return one entry per image"
             )
-        return [int(v) for v in value.reshape(len(value), -1)[:, 0].tolist()]
+        rows = value if value.dim() == 1 else value.flatten(1)[:, 0]
+        return [int(v) for v in rows.tolist()]
 
     def take(self, indices: Sequence[int]) -> VisionContext:
         """The context of images ``indices`` (in that order) only."""
