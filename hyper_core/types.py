@@ -26,6 +26,7 @@ from .adapters.base import (
     VisionEncoderAdapter,
     VisionEncoderSpec,
 )
+from .adapters.vision_context import VisionContext
 from .batching.types import IGNORE_INDEX, MicroBatch, SampleFeatures
 from .parallel.env import DistEnv
 from .parallel.load_plan import LoadPlan
@@ -173,6 +174,7 @@ __all__ = [
     "TrainState",
     "TrainingContext",
     "Transform",
+    "VisionContext",
     "VisionEncoderAdapter",
     "VisionEncoderSpec",
 ]

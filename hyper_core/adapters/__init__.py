@@ -8,6 +8,7 @@ from .base import (
     ParallelPlan,
     VisionEncoderSpec,
 )
+from .vision_context import VisionContext
 
 __all__ = [
     "ContextParallelAdapter",
@@ -15,5 +16,6 @@ __all__ = [
     "ModelAdapter",
     "ModelAssets",
     "ParallelPlan",
+    "VisionContext",
     "VisionEncoderSpec",
 ]

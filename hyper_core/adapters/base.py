@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..data.conversation import Conversation
     from ..export import CheckpointLayout
     from ..parallel.load_plan import LoadPlan
+    from .vision_context import VisionContext
 
 
 @attrs.frozen(kw_only=True)
@@ -45,6 +46,11 @@ class VisionEncoderSpec:
     #: entry per video, and :meth:`~VisionEncoderAdapter.inject_vision_outputs` takes the
     #: outputs of both. Empty: the encoder takes images only.
     video_keys: tuple[str, ...] = ()
+    #: Per-image metadata the three methods read from their
+    #: :class:`~hyper_core.adapters.vision_context.VisionContext` (``image_meta`` keys, e.g. a
+    #: tile count): encoder parallelism sends each image's values with its pixels, so the rank
+    #: that encodes an image gets its metadata. Empty: the methods read none.
+    meta_keys: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -330,39 +336,47 @@ class VisionEncoderAdapter(Protocol):
 
     Encoder parallelism needs it, together with a :class:`ParallelPlan` whose
     ``vision_encoder`` is set. :class:`~hyper_core.adapters.hf.HFModelAdapter` implements it
-    with ``transformers``' VL conventions.
+    from declared attributes (grid, fixed-size and tile-based towers). Each method gets a
+    :class:`~hyper_core.adapters.vision_context.VisionContext`: the model's resolved config and
+    the per-image metadata (host tensors, one row per image) of exactly the images at hand.
     """
 
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def split_vision_inputs(
+        self, model_inputs: Mapping[str, Any], context: VisionContext
+    ) -> list[dict[str, Any]]:
         """Per-image vision inputs of a micro-batch (for encoder parallelism).
 
         One dict per image with the :attr:`VisionEncoderSpec.input_keys`; concatenating the
         dicts' tensors along dim 0 gives back the inputs of several images. With
         :attr:`VisionEncoderSpec.video_keys`, one dict per video follows the images, under the
         same keys. Encoder parallelism calls it with the micro-batch's host (CPU) tensors, so
-        it must work on them.
+        it must work on them; ``context.image_meta`` has a row per image of the micro-batch.
         """
         ...
 
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+    def call_vision_encoder(
+        self, model: torch.nn.Module, vision_inputs: Mapping[str, Any], context: VisionContext
+    ) -> Any:
         """Run the vision encoder (and projector) of ``model`` on the inputs of some images.
 
-        ``vision_inputs`` is :meth:`split_vision_inputs`' per-image dicts concatenated. The
-        result holds one tensor per image in sequences (``transformers``' ``get_image_features``
+        ``vision_inputs`` is :meth:`split_vision_inputs`' per-image dicts concatenated, and
+        ``context.image_meta`` holds those images' rows, in the same order. The result holds
+        one tensor per image in sequences (``transformers``' ``get_image_features``
         convention: ``.pooler_output`` a tuple of ``(tokens_i, hidden)``, optional further
-        per-image fields such as ``.deepstack_features``), and is what
+        per-image fields such as ``.deepstack_features``): what
+        :class:`~hyper_core.adapters.vision_outputs.FlatOutputs` takes and
         :meth:`inject_vision_outputs` accepts.
         """
         ...
 
     def inject_vision_outputs(
-        self, model_inputs: Mapping[str, Any], outputs: Any
+        self, model_inputs: Mapping[str, Any], outputs: Any, context: VisionContext
     ) -> dict[str, Any]:
         """Model inputs that carry precomputed encoder ``outputs`` instead of the pixels.
 
         ``outputs`` holds every entry of :meth:`split_vision_inputs` in its order (images, then
-        videos). :class:`~hyper_core.adapters.hf.HFModelAdapter` implements ``transformers``'
-        convention (``mm_encoder_outputs``).
+        videos); ``context`` is the micro-batch's. :class:`~hyper_core.adapters.hf.HFModelAdapter`
+        implements ``transformers``' convention (``mm_encoder_outputs``).
         """
         ...
 

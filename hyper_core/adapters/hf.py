@@ -8,6 +8,7 @@ shared here so that no two adapters write them again.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ..data.multimodal import MultimodalTokens
     from ..export import CheckpointLayout
     from .base import ModelAssets
+    from .vision_context import VisionContext
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -80,6 +82,13 @@ def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
         else:
             out[key] = value
     return out
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    """``(h, w)`` of a config size given as one int or a ``[h, w]`` pair."""
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
 
 
 def has_submodule(model: torch.nn.Module, path: str) -> bool:
@@ -154,12 +163,24 @@ class HFModelAdapter(ModelAdapter):
     #: per-image metadata such as ``image_grid_thw``. One key alone: one image per row of the
     #: pixel tensor (a fixed-size tower: LLaVA, Gemma 3).
     vision_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
-    #: How :meth:`call_vision_encoder` calls ``get_image_features``: vision input key ->
-    #: keyword argument. None: the :attr:`vision_input_keys` positionally, in order.
-    vision_call_keywords: ClassVar[Mapping[str, str] | None] = None
+    #: How :meth:`call_vision_encoder` calls ``get_image_features``, by keyword: vision input
+    #: key -> keyword argument (a key not listed goes under its own name). None: the
+    #: :attr:`vision_input_keys` positionally, in order (remote code of unknown names).
+    vision_call_keywords: ClassVar[Mapping[str, str] | None] = {}
+    #: Further keyword arguments of ``get_image_features`` read from the resolved config
+    #: (:attr:`VisionContext.config <hyper_core.adapters.vision_context.VisionContext.config>`):
+    #: keyword -> config attribute, e.g. InternVL's ``{"vision_feature_layer":
+    #: "vision_feature_layer"}`` (what the model's own forward passes it).
+    vision_call_config: ClassVar[Mapping[str, str]] = {}
+    #: Tile-based towers (InternVL, LLaVA-NeXT-style crops): the per-image metadata key
+    #: (a processor ``metadata_keys`` entry, carried as the micro-batch's ``image_meta``) that
+    #: holds each image's tile count. The rows of the pixel tensor are then tiles, image after
+    #: image; :meth:`split_vision_inputs` cuts them per image and :meth:`call_vision_encoder`
+    #: gives each image's features as its tiles' features concatenated in order.
+    vision_tile_key: ClassVar[str | None] = None
     #: The model's forward takes ``mm_encoder_outputs["image"].pooler_output`` as one tensor,
-    #: the images' features concatenated (Gemma 3), not as a sequence of one tensor per image
-    #: (Qwen-VL, LLaVA): :meth:`inject_vision_outputs` concatenates them.
+    #: the images' features concatenated (Gemma 3, InternVL), not as a sequence of one tensor
+    #: per image (Qwen-VL, LLaVA): :meth:`inject_vision_outputs` concatenates them.
     vision_features_concatenated: ClassVar[bool] = False
     #: Videos' keys, for a tower that takes a video like an image
     #: (:attr:`~hyper_core.adapters.base.VisionEncoderSpec.video_keys`); empty: images only.
@@ -326,6 +347,7 @@ class HFModelAdapter(ModelAdapter):
                 module=self.vision_module,
                 input_keys=self.vision_input_keys,
                 video_keys=self.vision_video_keys,
+                meta_keys=() if self.vision_tile_key is None else (self.vision_tile_key,),
             )
         return ParallelPlan(sharding_units=self.sharding_units, vision_encoder=vision)
 
@@ -411,19 +433,36 @@ class HFModelAdapter(ModelAdapter):
         features.labels.fill_(IGNORE_INDEX)
         return features
 
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One ``{"pixel_values": patches_i, "image_grid_thw": (1, 3)}`` per image, then (with
-        :attr:`vision_video_keys`) one per video under the same keys; with a single
-        :attr:`vision_input_keys` entry, one ``{"pixel_values": (1, ...)}`` per row.
+    def split_vision_inputs(
+        self, model_inputs: Mapping[str, Any], context: VisionContext
+    ) -> list[dict[str, Any]]:
+        """The per-image vision inputs, by the declared layout:
+
+        * :attr:`vision_tile_key` set: the pixel tensor's rows cut per image at its tile
+          count (``context.counts``), other :attr:`vision_input_keys` one row per image;
+        * one :attr:`vision_input_keys` entry: one ``{"pixel_values": (1, ...)}`` per row;
+        * else transformers' grid convention: ``{"pixel_values": patches_i, "image_grid_thw":
+          (1, 3)}`` per image, then (with :attr:`vision_video_keys`) one per video.
 
         Encoder parallelism calls it with the micro-batch's host tensors, so reading the patch
         counts waits for no device."""
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
-        if len(self.vision_input_keys) == 1:
-            (key,) = self.vision_input_keys
-            pixels = model_inputs.get(key)
-            return [] if pixels is None else [{key: pixels[i : i + 1]} for i in range(len(pixels))]
+        pixels_key, *rest = self.vision_input_keys
+        if self.vision_tile_key is not None:
+            pixels = model_inputs.get(pixels_key)
+            if pixels is None:
+                return []
+            tiles = pixels.split(context.counts(self.vision_tile_key), dim=0)
+            return [
+                {pixels_key: t, **{k: model_inputs[k][i : i + 1] for k in rest}}
+                for i, t in enumerate(tiles)
+            ]
+        if not rest:
+            pixels = model_inputs.get(pixels_key)
+            if pixels is None:
+                return []
+            return [{pixels_key: pixels[i : i + 1]} for i in range(len(pixels))]
         patches_key, grid_key = self.vision_input_keys
         items = []
         for source in (self.vision_input_keys, self.vision_video_keys):
@@ -439,29 +478,51 @@ class HFModelAdapter(ModelAdapter):
             ]
         return items
 
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+    def call_vision_encoder(
+        self, model: torch.nn.Module, vision_inputs: Mapping[str, Any], context: VisionContext
+    ) -> Any:
         """``model.get_image_features(..., return_dict=True)`` (tower and projector) with the
-        :attr:`vision_input_keys`, by keyword through :attr:`vision_call_keywords` when declared,
-        else positionally. ``.pooler_output`` is made a tuple of per-image
-        ``(tokens_i, text_hidden)`` (the :class:`~.vision_outputs.FlatOutputs` contract): a
-        tower that returns one ``(images, tokens, hidden)`` tensor is split along dim 0."""
+        :attr:`vision_input_keys` by keyword through :attr:`vision_call_keywords` (positionally
+        when it is None) and the :attr:`vision_call_config` values of ``context.config``.
+
+        ``.pooler_output`` is made a tuple of one ``(tokens_i, text_hidden)`` per image (the
+        :class:`~.vision_outputs.FlatOutputs` contract): a tower that returns one
+        ``(rows, tokens, hidden)`` tensor is split along dim 0, and with
+        :attr:`vision_tile_key` each image's tiles (``context.counts``) are concatenated."""
         import torch
 
         if self.vision_module is None:
             raise NotImplementedError(f"adapter {self.name!r} declares no vision encoder")
         keys = [k for k in self.vision_input_keys if k in vision_inputs]
+        config = context.config
+        settings = {kw: getattr(config, attr) for kw, attr in self.vision_call_config.items()}
         if self.vision_call_keywords is None:
-            out = model.get_image_features(*(vision_inputs[k] for k in keys), return_dict=True)
+            args = (vision_inputs[k] for k in keys)
+            out = model.get_image_features(*args, **settings, return_dict=True)
         else:
-            kwargs = {self.vision_call_keywords.get(k, k): vision_inputs[k] for k in keys}
-            out = model.get_image_features(**kwargs, return_dict=True)
+            names = self.vision_call_keywords
+            kwargs = {names.get(k, k): vision_inputs[k] for k in keys}
+            out = model.get_image_features(**kwargs, **settings, return_dict=True)
         pooled = getattr(out, "pooler_output", None)
         if isinstance(pooled, torch.Tensor) and pooled.dim() == 3:
-            out.pooler_output = tuple(pooled.unbind(0))
+            pooled = tuple(pooled.unbind(0))
+        if self.vision_tile_key is not None and pooled is not None:
+            counts = context.counts(self.vision_tile_key)
+            if sum(counts) != len(pooled):
+                raise ValueError(
+                    f"adapter {self.name!r}: {len(pooled)} tiles encoded but the images' "
+                    f"{self.vision_tile_key!r} sum to {sum(counts)}"
+                )
+            starts = [sum(counts[:i]) for i in range(len(counts))]
+            pooled = tuple(
+                torch.cat(list(pooled[a : a + n]), dim=0) for a, n in zip(starts, counts)
+            )
+        if pooled is not None:
+            out.pooler_output = pooled
         return out
 
     def inject_vision_outputs(
-        self, model_inputs: Mapping[str, Any], outputs: Any
+        self, model_inputs: Mapping[str, Any], outputs: Any, context: VisionContext
     ) -> dict[str, Any]:
         """The pixels dropped, ``mm_encoder_outputs={"image": ..., "video": ...}`` added: the
         first entries of ``outputs`` are the images (as many as ``image_grid_thw`` rows), the
@@ -517,8 +578,9 @@ class HFModelAdapter(ModelAdapter):
         return FlopsCount(text=text, vision=6.0 * vision_params * patches)
 
     def _vision_patches(self, model: torch.nn.Module, micro_batch: MicroBatch) -> int:
-        """Patches the tower sees: from ``image_grid_thw`` (grid towers), else images ×
-        ``(image_size // patch_size)²`` of the vision config (fixed-size towers)."""
+        """Patches the tower sees: from ``image_grid_thw`` (grid towers), else rows of the
+        pixel tensor (images, or tiles) × ``(image_size // patch_size)²`` of the vision config
+        (fixed-size towers; a size may be ``[height, width]``)."""
         inputs = micro_batch.model_inputs
         grid = inputs.get("image_grid_thw")
         if grid is not None and len(grid):
@@ -528,7 +590,8 @@ class HFModelAdapter(ModelAdapter):
         size, patch = getattr(vc, "image_size", None), getattr(vc, "patch_size", None)
         if pixels is None or not size or not patch or pixels.dim() != 4:
             return 0
-        return len(pixels) * (int(size) // int(patch)) ** 2
+        sides = zip(_pair(size), _pair(patch), strict=True)
+        return len(pixels) * math.prod(int(s) // int(p) for s, p in sides)
 
     def _attention_flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> float:
         """Per sample, Σ nᵢ²: what ``varlen``/flash attention computes on a packed row (SDPA

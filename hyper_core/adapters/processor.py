@@ -15,18 +15,20 @@ template emits :attr:`image_placeholder` for an image part
 :func:`hyper_core.testing.conformance.check_stock_inference` checks both.
 
 Per-image metadata: what :meth:`process_images` returns under :attr:`metadata_keys` (one entry
-per image, e.g. a tile grid's ``rows`` and ``cols``) is not a model input. It reaches
-:meth:`image_token_counts` (with the rest of the output) and the expansion callback
-:meth:`expand_image` (one image's entries), never the model.
+per image, e.g. a tile grid's ``rows`` and ``cols`` or a tile count) is not a model input. It
+reaches :meth:`image_token_counts` (with the rest of the output), the expansion callback
+:meth:`expand_image` (one image's entries) and, when numeric, the adapter's vision methods
+(:meth:`metadata_tensors`, carried as the micro-batch's ``image_meta``), never the model.
 
 Media layout: a micro-batch's media are each key's tensors concatenated along dim 0 across its
 samples (and :meth:`HFModelAdapter.split_vision_inputs
 <hyper_core.adapters.hf.HFModelAdapter.split_vision_inputs>` cuts them per image). For a
 variable number of tiles per image, put the tiles along dim 0 (``pixel_values``
 ``(Σ tiles, C, H, W)``), not padded to the largest tile count, and give each image's tile
-count or grid in a ``(num_images, k)`` int tensor when the model needs it (as Qwen-VL's
-``image_grid_thw``), else as metadata; a model that wants ``(images, max_tiles, ...)`` gets it
-from the adapter's forward, not from the data.
+count or grid in a ``(num_images, k)`` int tensor when the model's forward takes it (as
+Qwen-VL's ``image_grid_thw``), else as metadata (InternVL's ``num_patches``: the tile-based
+defaults of :class:`~hyper_core.adapters.hf.HFModelAdapter` read it); a model that wants
+``(images, max_tiles, ...)`` gets it from the adapter's forward, not from the data.
 """
 
 from __future__ import annotations
@@ -91,6 +93,23 @@ class ImageTextProcessor:
                 have = len(output[key]) if key in output else "no"
                 raise ValueError(f"metadata {key!r}: {have} entries for {num_images} images")
         return [{k: output[k][i] for k in self.metadata_keys} for i in range(num_images)]
+
+    def metadata_tensors(self, output: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """The numeric :attr:`metadata_keys` entries of :meth:`process_images`' output as
+        tensors with one row per image: they travel with the micro-batch
+        (:attr:`~hyper_core.batching.types.MicroBatch.image_meta`) to the adapter's vision
+        methods. Entries that are no numbers (strings) stay behind."""
+        import torch
+
+        out = {}
+        for key in self.metadata_keys:
+            try:
+                value = torch.as_tensor(output[key])
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            if value.dim():
+                out[key] = value
+        return out
 
     def num_image_tokens(self, image_grid_thw: torch.Tensor) -> list[int]:
         """LLM tokens per image."""

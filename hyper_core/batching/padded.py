@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import BatchingRuntime
@@ -47,12 +47,17 @@ def sample_positions(feature: SampleFeatures, channels: int | None) -> torch.Ten
 
 def concat_media(features: Sequence[SampleFeatures]) -> dict[str, torch.Tensor]:
     """Each media key's tensors concatenated along dim 0, in sample order."""
+    return concat_rows([f.media for f in features])
+
+
+def concat_rows(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each key's tensors concatenated along dim 0, in order (keys in first-seen order)."""
     import torch
 
     keys: list[str] = []
-    for f in features:
-        keys.extend(k for k in f.media if k not in keys)
-    return {k: torch.cat([f.media[k] for f in features if k in f.media], dim=0) for k in keys}
+    for part in parts:
+        keys.extend(k for k in part if k not in keys)
+    return {k: torch.cat([p[k] for p in parts if k in p], dim=0) for k in keys}
 
 
 def token_field_names(features: Sequence[SampleFeatures]) -> list[str]:
@@ -72,6 +77,7 @@ def batch_counts(features: Sequence[SampleFeatures], num_padding: int) -> dict[s
         "num_padding": num_padding,
         "num_loss_tokens": sum(f.num_loss_tokens for f in features),
         "num_images": sum(f.num_images for f in features),
+        "image_meta": concat_rows([f.image_meta for f in features]),
         "sample_lengths": lengths,
         "meta": [dict(f.meta) for f in features],
     }

@@ -29,6 +29,10 @@ class SampleFeatures:
     #: Fields concatenated along dim 0 across samples in order (pixel_values, image_grid_thw).
     media: dict[str, torch.Tensor] = attrs.field(factory=dict)
     num_images: int = 0
+    #: Per-image metadata that is no model input (the processor's ``metadata_keys``, e.g. a
+    #: tile count): key -> tensor with one row per image, concatenated across samples like
+    #: :attr:`media` into :attr:`MicroBatch.image_meta`.
+    image_meta: dict[str, torch.Tensor] = attrs.field(factory=dict)
     #: Videos in the sample (with images, what decides where the vision filler goes).
     num_videos: int = 0
     #: Free-form information for evaluation and metrics (never given to the model).
@@ -66,6 +70,10 @@ class MicroBatch:
     num_padding: int  # padding tokens in the tensors given to the model
     num_loss_tokens: int
     num_images: int = 0
+    #: The samples' :attr:`SampleFeatures.image_meta`, each key's rows concatenated in sample
+    #: order: host tensors, never moved to the device nor given to the model (the vision
+    #: methods read them through :class:`~hyper_core.adapters.vision_context.VisionContext`).
+    image_meta: dict[str, torch.Tensor] = attrs.field(factory=dict)
     #: Token count of each sample, in order (attention FLOPs, packing statistics).
     sample_lengths: list[int] = attrs.field(factory=list)
     meta: list[dict[str, Any]] = attrs.field(factory=list)

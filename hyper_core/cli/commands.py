@@ -118,6 +118,12 @@ def add_new_plugin(parser: CommandParser) -> None:
         help="with --kind adapter: a vision-language adapter (vision tower, projector and "
         "decoder; after the LLaVA example)",
     )
+    parser.add_argument(
+        "--tiles",
+        action="store_true",
+        help="with --vision: a tile-based adapter (each image a variable number of tiles; "
+        "after InternVL)",
+    )
     parser.add_argument("--out", default=".", metavar="DIR", help="parent folder (default: .)")
 
 
@@ -372,12 +378,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:
-    """``hyper-train new-plugin NAME --kind plugin|adapter [--vision] [--out DIR]``."""
+    """``hyper-train new-plugin NAME --kind plugin|adapter [--vision [--tiles]] [--out DIR]``."""
     from ..scaffold import render, scaffold
 
-    target = scaffold(args.name, args.kind, args.out, vision=args.vision)
-    print(f"created {target}/ ({args.kind}{', vision' if args.vision else ''}):")
-    for rel in render(args.name, args.kind, vision=args.vision):
+    target = scaffold(args.name, args.kind, args.out, vision=args.vision, tiles=args.tiles)
+    what = args.kind + (", vision" if args.vision else "") + (", tiles" if args.tiles else "")
+    print(f"created {target}/ ({what}):")
+    for rel in render(args.name, args.kind, vision=args.vision, tiles=args.tiles):
         print(f"  {rel}")
     print("next, in the environment hyper-train runs from:")
     print(f"  python -m pip install -e '{target}[test]'")

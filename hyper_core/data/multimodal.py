@@ -5,7 +5,9 @@
 expanded to its image tokens, and checks that the text's image tokens match the image
 features. Adapters add what is model-specific (e.g. mRoPE position ids) to the result.
 Per-image metadata (the processor's ``metadata_keys``) reaches the expansion callback
-(``processor.expand_image``) and :attr:`MultimodalTokens.image_metadata`, not the media.
+(``processor.expand_image``) and :attr:`MultimodalTokens.image_metadata`, not the media; its
+numeric entries travel as :attr:`SampleFeatures.image_meta
+<hyper_core.batching.types.SampleFeatures.image_meta>` to the adapter's vision methods.
 
 Video parts go to the processor's optional ``process_videos(parts) -> VideoFeatures``, which
 decodes them and gives their model tensors (e.g. ``pixel_values_videos``) and each video's
@@ -56,6 +58,9 @@ class MultimodalTokens:
     #: Each image's metadata (``processor.metadata_keys``; empty mappings when none): not a
     #: model input, for the adapter's own fields (``HFModelAdapter.sample_fields``).
     image_metadata: list[dict[str, Any]] = attrs.field(factory=list)
+    #: The numeric metadata as tensors, one row per image
+    #: (:attr:`SampleFeatures.image_meta <hyper_core.batching.types.SampleFeatures.image_meta>`).
+    image_meta: dict[str, torch.Tensor] = attrs.field(factory=dict)
     #: LLM tokens of each video, in order.
     video_token_counts: list[int] = attrs.field(factory=list)
     #: ``input_ids == processor.video_token_id`` (None when the sample has no video).
@@ -73,6 +78,7 @@ class MultimodalTokens:
             labels=self.labels,
             media=self.media,
             num_images=self.num_images,
+            image_meta=dict(self.image_meta),
             num_videos=len(self.video_token_counts),
             meta=dict(sample.get("meta") or {}),
             **fields,
@@ -108,6 +114,7 @@ def tokenize_multimodal(
     media: dict[str, torch.Tensor] = {}
     counts: list[int] = []
     metadata: list[dict[str, Any]] = []
+    meta_tensors: dict[str, torch.Tensor] = {}
     if images:
         try:
             output = dict(processor.process_images(images))
@@ -115,6 +122,7 @@ def tokenize_multimodal(
             raise SampleError("bad_image", str(exc)) from None
         counts = processor.image_token_counts(output)
         metadata = processor.image_metadata(output, len(counts))
+        meta_tensors = processor.metadata_tensors(output)
         media = processor.model_media(output)
     videos = _process_videos(conv.videos, processor)
     if videos is not None:
@@ -162,6 +170,7 @@ def tokenize_multimodal(
         image_token_counts=counts,
         is_image=is_image,
         image_metadata=metadata,
+        image_meta=meta_tensors,
         video_token_counts=[] if videos is None else list(videos.token_counts),
         is_video=is_video,
     )

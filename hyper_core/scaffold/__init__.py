@@ -53,6 +53,18 @@ FILES: dict[str, tuple[tuple[str, str], ...]] = {
         ("${package}/tokens.py", "adapter_vision/tokens.py.tmpl"),
         ("tests/test_${ident}.py", "adapter_vision/test_adapter.py.tmpl"),
     ),
+    # ``--kind adapter --vision --tiles``: a tile-based vision-language adapter (InternVL)
+    # whose vision-encoder methods are the core's defaults.
+    "adapter-vision-tiles": (
+        ("pyproject.toml", "common/pyproject.toml.tmpl"),
+        ("README.md", "adapter_tiles/README.md.tmpl"),
+        ("${package}/__init__.py", "common/__init__.py.tmpl"),
+        ("${package}/plugin.py", "adapter_tiles/plugin.py.tmpl"),
+        ("${package}/adapter.py", "adapter_tiles/adapter.py.tmpl"),
+        ("${package}/processor.py", "adapter_tiles/processor.py.tmpl"),
+        ("${package}/tokens.py", "adapter_tiles/tokens.py.tmpl"),
+        ("tests/test_${ident}.py", "adapter_vision/test_adapter.py.tmpl"),
+    ),
 }
 
 
@@ -104,11 +116,13 @@ class PluginNames:
         }
 
 
-def _check(names: PluginNames, kind: str, vision: bool) -> None:
+def _check(names: PluginNames, kind: str, vision: bool, tiles: bool) -> None:
     if kind not in KINDS:
         raise UserError(f"new-plugin: --kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if vision and kind != "adapter":
         raise UserError("new-plugin: --vision goes with --kind adapter")
+    if tiles and not vision:
+        raise UserError("new-plugin: --tiles goes with --kind adapter --vision")
     if kind == "plugin":
         from ..config.schema import CORE_SECTIONS  # attrs only, no torch
 
@@ -119,28 +133,35 @@ def _check(names: PluginNames, kind: str, vision: bool) -> None:
             )
 
 
-def render(name: str, kind: str, *, vision: bool = False) -> dict[str, str]:
+def render(name: str, kind: str, *, vision: bool = False, tiles: bool = False) -> dict[str, str]:
     """The scaffold's files, relative path → text (nothing written); ``vision``: a
-    vision-language adapter (``--kind adapter --vision``)."""
+    vision-language adapter (``--kind adapter --vision``); ``tiles``: a tile-based one
+    (``--tiles``)."""
     names = PluginNames.from_name(name)
-    _check(names, kind, vision)
+    _check(names, kind, vision, tiles)
     subs = names.substitutions(kind)
     templates = resources.files(__name__) / "templates"
     files = {}
-    for out, src in FILES[f"{kind}-vision" if vision else kind]:
+    variant = kind + ("-vision" if vision else "") + ("-tiles" if tiles else "")
+    for out, src in FILES[variant]:
         text = (templates / src).read_text(encoding="utf-8")
         files[string.Template(out).substitute(subs)] = string.Template(text).substitute(subs)
     return files
 
 
 def scaffold(
-    name: str, kind: str, out_dir: str | os.PathLike[str] = ".", *, vision: bool = False
+    name: str,
+    kind: str,
+    out_dir: str | os.PathLike[str] = ".",
+    *,
+    vision: bool = False,
+    tiles: bool = False,
 ) -> Path:
     """Write ``out_dir/hyper-train-NAME/``; returns that folder.
 
     Raises :class:`UserError` for a bad name or kind, or when the folder exists and isn't empty.
     """
-    files = render(name, kind, vision=vision)
+    files = render(name, kind, vision=vision, tiles=tiles)
     target = Path(out_dir) / PluginNames.from_name(name).distribution
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UserError(f"new-plugin: {target} already exists and is not empty; not overwriting")

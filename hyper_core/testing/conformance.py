@@ -262,9 +262,12 @@ def check_parallel_plan(t: AdapterUnderTest) -> str:
 
 
 def check_vision_encoder(t: AdapterUnderTest) -> str:
-    """VL: the declared encoder runs per image as on the whole batch (encoder parallelism) and
+    """VL: the declared encoder runs per image as on the whole batch (encoder parallelism),
+    the model given the injected features computes the loss it computes from the pixels, and
     a vision filler exists; text: no encoder and no filler are declared."""
     import torch
+
+    from ..adapters.vision_context import VisionContext
 
     model = t.build_model()
     plan = t.adapter.parallel_plan(model)
@@ -277,16 +280,30 @@ def check_vision_encoder(t: AdapterUnderTest) -> str:
     assert filler is not None and filler.num_images == 1, "vision_filler must give one image"
     assert int((filler.labels != -100).sum()) == 0, "the vision filler must have no loss tokens"
     mb = t.micro_batch("packed")
-    parts = t.adapter.split_vision_inputs(mb.model_inputs)
+    context = VisionContext.of(mb, model.config)
+    missing = set(plan.vision_encoder.meta_keys) - set(context.image_meta)
+    assert not missing, f"the micro-batch carries no image_meta {sorted(missing)}"
+    parts = t.adapter.split_vision_inputs(mb.model_inputs, context)
     assert len(parts) == mb.num_images, f"{len(parts)} per-image inputs for {mb.num_images} images"
     model.eval()
     with torch.no_grad():
-        whole = t.adapter.call_vision_encoder(model, mb.model_inputs).pooler_output
-        single = [t.adapter.call_vision_encoder(model, p).pooler_output[0] for p in parts]
-    assert len(whole) == len(single)
-    for i, (a, b) in enumerate(zip(whole, single)):
-        assert a.shape == b.shape and torch.allclose(a, b, atol=ATOL), f"image {i} differs"
-    return f"{len(parts)} images, per-image = whole"
+        outputs = t.adapter.call_vision_encoder(model, mb.model_inputs, context)
+        whole = outputs.pooler_output
+        single = [
+            t.adapter.call_vision_encoder(model, p, context.take([i])).pooler_output[0]
+            for i, p in enumerate(parts)
+        ]
+        assert len(whole) == len(single)
+        for i, (a, b) in enumerate(zip(whole, single)):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=ATOL), f"image {i} differs"
+        from_pixels = t.loss(model, mb)
+        injected = t.adapter.inject_vision_outputs(mb.model_inputs, outputs, context)
+        keys = set(plan.vision_encoder.input_keys[:1])
+        assert not keys & set(injected), "inject_vision_outputs left the pixels in"
+        from_features = t.loss(model, attrs.evolve(mb, model_inputs=injected))
+    diff = abs(from_pixels.item() - from_features.item())
+    assert diff <= ATOL, f"loss with injected features differs from the pixels' by {diff:.2e}"
+    return f"{len(parts)} images, per-image = whole, injected = pixels"
 
 
 def check_flops(t: AdapterUnderTest) -> str:

@@ -17,6 +17,7 @@ from hyper_core.adapters.base import (
     VisionEncoderAdapter,
     VisionEncoderSpec,
 )
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.config.schema import ModelConfig
 from hyper_core.errors import ConfigError
 
@@ -37,14 +38,18 @@ class DeclaresEncoderOnly(ModelAdapter):
 class WithEncoder(DeclaresEncoderOnly):
     name = "with_encoder"
 
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def split_vision_inputs(
+        self, model_inputs: Mapping[str, Any], context: VisionContext
+    ) -> list[dict[str, Any]]:
         return []
 
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
+    def call_vision_encoder(
+        self, model: torch.nn.Module, vision_inputs: Mapping[str, Any], context: VisionContext
+    ) -> Any:
         return None
 
     def inject_vision_outputs(
-        self, model_inputs: Mapping[str, Any], outputs: Any
+        self, model_inputs: Mapping[str, Any], outputs: Any, context: VisionContext
     ) -> dict[str, Any]:
         return dict(model_inputs)
 

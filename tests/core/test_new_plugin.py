@@ -258,3 +258,15 @@ def test_a_scaffold_installs_is_found_and_passes_its_tests(kind: str, tmp_path: 
         )
         assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
         assert "3 passed" in tests.stdout, tests.stdout[-2000:]
+        # --vision --tiles: a tile-based adapter on the core's vision defaults passes too
+        tiles_args = ["--kind", "adapter", "--vision", "--tiles", "--out", str(tmp_path / "t")]
+        assert main(["new-plugin", "fresh-tiles", *tiles_args]) == 0
+        tiles_root = tmp_path / "t" / "hyper-train-fresh-tiles"
+        proc = _run([*pip, "--quiet", tiles_root], tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert _plugin_names(python, tmp_path).get("fresh-tiles") == "loaded"
+        tests = _run(
+            [python, "-m", "pytest", tiles_root / "tests", "-q", "-p", "no:cacheprovider"], tmp_path
+        )
+        assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+        assert "3 passed" in tests.stdout, tests.stdout[-2000:]

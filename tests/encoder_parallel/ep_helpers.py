@@ -212,3 +212,44 @@ def read_losses(out: Path) -> dict[int, float]:
 def read_metrics(out: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl``."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+#: Loss and per-parameter gradient tolerance of the N ranks = 1 rank comparisons.
+TOL = 1e-5
+
+
+def train_one_rank(out: Path, raw: dict[str, Any], plugins: Sequence[str] = ()) -> None:
+    """The reference: one process, the whole global batch, with the gradient probe (and the
+    plugin modules ``plugins``)."""
+    import torch
+
+    from hyper_core.config import load_config_dict
+    from hyper_core.plugins.manager import PluginHost
+    from hyper_core.trainer.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        host = PluginHost(extra_modules=["ep_probe", *plugins], strict=True)
+        Trainer(load_config_dict(raw, sections=host.registries.config_sections), host).train()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_training(a: Path, b: Path, tol: float = TOL, tower: str = ".visual.") -> None:
+    """Same per-step losses and per-parameter gradients, within ``tol`` (0: bit-identical);
+    the vision tower's parameters (names containing ``tower``) have gradients."""
+    import torch
+
+    la, lb = read_losses(a), read_losses(b)
+    assert sorted(la) == list(range(1, STEPS + 1)) == sorted(lb)
+    worst_loss = max(abs(la[k] - lb[k]) for k in la)
+    ga, gb = torch.load(a / "grads.pt"), torch.load(b / "grads.pt")
+    assert sorted(ga) == sorted(gb) == list(range(1, STEPS + 1))
+    worst = 0.0
+    for step in ga:
+        assert sorted(ga[step]) == sorted(gb[step]), step
+        assert any(tower in name for name in ga[step])
+        for name, grad in ga[step].items():
+            worst = max(worst, (grad - gb[step][name]).abs().max().item())
+    assert worst_loss <= tol and worst <= tol, (worst_loss, worst)

@@ -3,9 +3,10 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 ep_worker.py JOBS.json
 
 ``JOBS.json`` maps a job name to ``{"config": RAW_CONFIG, "exclude": [entry points],
-"count_syncs": bool}``: the job runs with every installed plugin except ``exclude`` (through
-the ``HYPER_TRAIN_PLUGINS`` filter), plus the gradient probe :mod:`ep_probe` (and the host-sync
-counter :mod:`ep_syncs` with ``count_syncs``). Each rank writes ``ep_stats-rank<R>.json``
+"plugins": [modules], "count_syncs": bool}``: the job runs with every installed plugin except
+``exclude`` (through the ``HYPER_TRAIN_PLUGINS`` filter), plus the plugin modules ``plugins``,
+the gradient probe :mod:`ep_probe` (and the host-sync counter :mod:`ep_syncs` with
+``count_syncs``). Each rank writes ``ep_stats-rank<R>.json``
 (the balancer's counters, or null without one) into the job's output_dir; rank 0 the resolved
 ``config.toml``.
 """
@@ -38,7 +39,8 @@ def main(jobs_file: str) -> None:
         exclude = set(job.get("exclude", ()))
         if exclude:
             os.environ[FILTER_ENV] = ",".join(n for n in names if n not in exclude)
-        extra = ["ep_probe"] + (["ep_syncs"] if job.get("count_syncs") else [])
+        extra = ["ep_probe", *job.get("plugins", ())]
+        extra += ["ep_syncs"] if job.get("count_syncs") else []
         host = PluginHost(extra_modules=extra, strict=True)
         os.environ.pop(FILTER_ENV, None)
         config = load_config_dict(job["config"], sections=host.registries.config_sections)

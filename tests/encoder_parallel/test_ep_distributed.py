@@ -21,17 +21,17 @@ import pytest
 from ep_helpers import (
     HERE,
     STEPS,
+    assert_same_training,
     needs_vl,
-    read_losses,
     read_metrics,
     torchrun,
+    train_one_rank,
     vl_config,
     write_dataset,
 )
 
 pytestmark = [pytest.mark.slow, needs_vl]
 
-TOL = 1e-5
 ON = {"encoder_parallel": {"enabled": True}}
 #: Small videos (4 frames of 56-112 px, at most 8 merged tokens a frame pair).
 VIDEO_MODEL = {
@@ -76,23 +76,6 @@ def _jobs(root: Path, data: dict[str, Path]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _train_one_rank(out: Path, raw: dict[str, Any]) -> None:
-    """The reference: one process, the whole global batch, with the gradient probe."""
-    import torch
-
-    from hyper_core.config import load_config_dict
-    from hyper_core.plugins.manager import PluginHost
-    from hyper_core.trainer.trainer import Trainer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        host = PluginHost(extra_modules=["ep_probe"], strict=True)
-        Trainer(load_config_dict(raw, sections=host.registries.config_sections), host).train()
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("encoder_parallel")
@@ -100,28 +83,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "jobs.json").write_text(json.dumps(_jobs(root, data)))
     proc = torchrun(HERE / "ep_worker.py", [str(root / "jobs.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    _train_one_rank(root / "one-rank-none", vl_config(root / "one-rank-none", data["none"]))
+    train_one_rank(root / "one-rank-none", vl_config(root / "one-rank-none", data["none"]))
     video = vl_config(root / "one-rank-video", data["video"], model=VIDEO_MODEL)
-    _train_one_rank(root / "one-rank-video", video)
+    train_one_rank(root / "one-rank-video", video)
     return root
-
-
-def assert_same_training(a: Path, b: Path, tol: float = TOL) -> None:
-    """Same per-step losses and per-parameter gradients, within ``tol`` (0: bit-identical)."""
-    import torch
-
-    la, lb = read_losses(a), read_losses(b)
-    assert sorted(la) == list(range(1, STEPS + 1)) == sorted(lb)
-    worst_loss = max(abs(la[k] - lb[k]) for k in la)
-    ga, gb = torch.load(a / "grads.pt"), torch.load(b / "grads.pt")
-    assert sorted(ga) == sorted(gb) == list(range(1, STEPS + 1))
-    worst = 0.0
-    for step in ga:
-        assert sorted(ga[step]) == sorted(gb[step]), step
-        assert any(".visual." in name for name in ga[step])
-        for name, grad in ga[step].items():
-            worst = max(worst, (grad - gb[step][name]).abs().max().item())
-    assert worst_loss <= tol and worst <= tol, (worst_loss, worst)
 
 
 def stats(out: Path, world: int = 2) -> list[dict[str, int]]:
@@ -201,7 +166,7 @@ def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = torchrun(HERE / "ep_worker.py", [str(root / "jobs.json")], nproc=3)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     reference = vl_config(root / "one-rank", data, training={"global_batch_size": 6})
-    _train_one_rank(root / "one-rank", reference)
+    train_one_rank(root / "one-rank", reference)
     return root
 
 

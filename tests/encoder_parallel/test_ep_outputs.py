@@ -13,6 +13,7 @@ import pytest
 import torch
 from ep_helpers import needs_vl, tiny_vl_micro_batch, write_images
 
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.adapters.vision_outputs import FlatOutputs
 from hyper_encoder_parallel.vision_io import Schema, merge_inputs
 
@@ -78,13 +79,15 @@ def test_features_from_separate_calls_reproduce_the_forward(family: str, tmp_pat
     vision = adapter.parallel_plan(model).vision_encoder.module
     assert any(k.startswith(f"{vision}.") for k in ref_grads)
 
-    images = adapter.split_vision_inputs(inputs)
+    context = VisionContext(config=model.config)
+    images = adapter.split_vision_inputs(inputs, context)
     assert len(images) == 3
     # Two "ranks": one encodes images 0 and 2, the other image 1; each packs its rows.
     shares = [[0, 2], [1]]
     per_image: list[Any] = [None] * len(images)
     for share in shares:
-        out = adapter.call_vision_encoder(model, merge_inputs([images[i] for i in share], KEYS))
+        share_inputs = merge_inputs([images[i] for i in share], KEYS)
+        out = adapter.call_vision_encoder(model, share_inputs, context)
         flat = FlatOutputs(out, len(share))
         blocks = flat.pack().split(flat.rows, dim=0)
         for i, block in zip(share, blocks, strict=True):
@@ -92,7 +95,7 @@ def test_features_from_separate_calls_reproduce_the_forward(family: str, tmp_pat
     if family.startswith("qwen3"):
         assert len(per_image[0]) == 2  # pooler_output + one deepstack level
     rebuilt = flat.rebuild(per_image)
-    injected = adapter.inject_vision_outputs(inputs, rebuilt)
+    injected = adapter.inject_vision_outputs(inputs, rebuilt, context)
     assert "pixel_values" not in injected and "image_grid_thw" in injected
 
     from hyper_core.step.loss import causal_lm_loss
@@ -150,11 +153,12 @@ def test_videos_are_entries_after_the_images(family: str, tmp_path: Path) -> Non
     assert inputs["pixel_values_videos"] is not None
     ref_loss, ref_grads = _loss_and_grads(model, inputs, mb.loss_inputs, n_tokens)
 
-    entries = adapter.split_vision_inputs(inputs)
+    context = VisionContext.of(mb, model.config)
+    entries = adapter.split_vision_inputs(inputs, context)
     assert len(entries) == 4 and all(set(e) == set(KEYS) for e in entries)
     assert [int(e["image_grid_thw"][0, 0]) for e in entries] == [1, 1, 2, 2]  # 4 frames: t = 2
-    outputs = adapter.call_vision_encoder(model, merge_inputs(entries, KEYS))
-    injected = adapter.inject_vision_outputs(inputs, outputs)
+    outputs = adapter.call_vision_encoder(model, merge_inputs(entries, KEYS), context)
+    injected = adapter.inject_vision_outputs(inputs, outputs, context)
     assert "pixel_values" not in injected and "pixel_values_videos" not in injected
     assert sorted(injected["mm_encoder_outputs"]) == ["image", "video"]
     loss, grads = _loss_and_grads(model, injected, mb.loss_inputs, n_tokens)

@@ -179,13 +179,15 @@ def test_context_parallel_is_refused_before_the_strategy_applies() -> None:
                 sharding_units=(), vision_encoder=VisionEncoderSpec(module="visual")
             )
 
-        def split_vision_inputs(self, model_inputs: Any) -> list[dict[str, Any]]:
+        def split_vision_inputs(self, model_inputs: Any, context: Any) -> list[dict[str, Any]]:
             return []
 
-        def call_vision_encoder(self, model: Any, vision_inputs: Any) -> Any:
+        def call_vision_encoder(self, model: Any, vision_inputs: Any, context: Any) -> Any:
             return None
 
-        def inject_vision_outputs(self, model_inputs: Any, outputs: Any) -> dict[str, Any]:
+        def inject_vision_outputs(
+            self, model_inputs: Any, outputs: Any, context: Any
+        ) -> dict[str, Any]:
             return {}
 
     run = EncoderParallelRun(EncoderParallelConfig(enabled=True), "$.encoder_parallel.enabled")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.attention import BIDIRECTIONAL_SPANS
 from hyper_core.testing.conformance import AdapterUnderTest
 from hyper_core.testing.vl import loss_and_grads, loss_of, micro_batch
@@ -94,11 +95,12 @@ def test_vision_encoder_defaults_feed_the_forward(subject: AdapterUnderTest) -> 
     model = subject.build_model().eval()
     adapter = subject.adapter
     mb = subject.micro_batch("packed")
+    context = VisionContext.of(mb, model.config)
     with torch.no_grad():
-        out = adapter.call_vision_encoder(model, mb.model_inputs)
+        out = adapter.call_vision_encoder(model, mb.model_inputs, context)
         assert len(out.pooler_output) == mb.num_images
-        assert len(adapter.split_vision_inputs(mb.model_inputs)) == mb.num_images
-        injected = adapter.inject_vision_outputs(mb.model_inputs, out)
+        assert len(adapter.split_vision_inputs(mb.model_inputs, context)) == mb.num_images
+        injected = adapter.inject_vision_outputs(mb.model_inputs, out, context)
         assert "pixel_values" not in injected
         plain = model(**mb.model_inputs, use_cache=False).logits
         via = model(**injected, use_cache=False).logits

@@ -13,6 +13,7 @@ from kimi_helpers import model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.adapters.hf import count_params, match_modules
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.builtin.stages import freeze
 from hyper_core.errors import UserError
 from hyper_core.testing.vl import loss_of, micro_batch
@@ -155,14 +156,18 @@ def test_vision_encoder_per_image(
     samples: list[dict[str, Any]],
 ) -> None:
     mb = micro_batch(features(adapter, assets, samples), "packed")
-    parts = adapter.split_vision_inputs(mb.model_inputs)
+    context = VisionContext.of(mb, tiny_model.config)
+    parts = adapter.split_vision_inputs(mb.model_inputs, context)
     assert len(parts) == 3
     grid = mb.model_inputs["image_grid_thw"]
     assert [p["pixel_values"].shape[0] for p in parts] == grid.prod(-1).tolist()
     tiny_model.eval()
     with torch.no_grad():
-        whole = adapter.call_vision_encoder(tiny_model, mb.model_inputs)
-        single = [adapter.call_vision_encoder(tiny_model, p).pooler_output[0] for p in parts]
+        whole = adapter.call_vision_encoder(tiny_model, mb.model_inputs, context)
+        single = [
+            adapter.call_vision_encoder(tiny_model, p, context.take([i])).pooler_output[0]
+            for i, p in enumerate(parts)
+        ]
         # the forward takes the encoder output in place of pixels
         inputs = {
             k: v for k, v in mb.model_inputs.items() if k not in ("pixel_values", "image_grid_thw")
@@ -174,7 +179,7 @@ def test_vision_encoder_per_image(
         assert a.shape == (b.shape[0], tiny_model.config.text_config.hidden_size)
         assert torch.allclose(a, b, atol=1e-5)
     assert torch.allclose(via, direct, atol=1e-5)
-    assert adapter.split_vision_inputs({"input_ids": mb.model_inputs["input_ids"]}) == []
+    assert adapter.split_vision_inputs({"input_ids": mb.model_inputs["input_ids"]}, context) == []
 
 
 def test_flops_count_active_params(

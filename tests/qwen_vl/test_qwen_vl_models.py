@@ -10,6 +10,7 @@ from qwen_vl_helpers import loss_of, model_config
 
 from hyper_core.adapters.base import ModelAssets
 from hyper_core.adapters.hf import count_params, match_modules
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.builtin.stages import freeze
 from hyper_core.testing.vl import micro_batch
 from hyper_qwen_vl.adapters import QwenVLAdapter
@@ -188,7 +189,8 @@ def test_vision_encoder_per_image(
     samples: list[dict[str, Any]],
 ) -> None:
     mb = micro_batch(features(adapter, assets, samples), "packed")
-    parts = adapter.split_vision_inputs(mb.model_inputs)
+    context = VisionContext.of(mb, tiny_model.config)
+    parts = adapter.split_vision_inputs(mb.model_inputs, context)
     assert len(parts) == 3
     grid = mb.model_inputs["image_grid_thw"]
     assert [p["pixel_values"].shape[0] for p in parts] == grid.prod(-1).tolist()
@@ -196,13 +198,16 @@ def test_vision_encoder_per_image(
     assert torch.equal(rejoined, mb.model_inputs["pixel_values"])
     tiny_model.eval()
     with torch.no_grad():
-        whole = adapter.call_vision_encoder(tiny_model, mb.model_inputs).pooler_output
-        single = [adapter.call_vision_encoder(tiny_model, p).pooler_output[0] for p in parts]
+        whole = adapter.call_vision_encoder(tiny_model, mb.model_inputs, context).pooler_output
+        single = [
+            adapter.call_vision_encoder(tiny_model, p, context.take([i])).pooler_output[0]
+            for i, p in enumerate(parts)
+        ]
     assert len(whole) == 3
     for a, b in zip(whole, single):
         assert a.shape == (b.shape[0], tiny_model.config.text_config.hidden_size)
         assert torch.allclose(a, b, atol=1e-5)
-    assert adapter.split_vision_inputs({"input_ids": mb.model_inputs["input_ids"]}) == []
+    assert adapter.split_vision_inputs({"input_ids": mb.model_inputs["input_ids"]}, context) == []
 
 
 def test_patch_embedding_is_a_matmul_equal_to_the_conv(

@@ -40,7 +40,6 @@ class Gemma3Adapter(HFModelAdapter):
     projector_module = "model.multi_modal_projector"
     language_module = "model.language_model"
     vision_input_keys = ("pixel_values",)
-    vision_call_keywords: ClassVar[Mapping[str, str] | None] = {"pixel_values": "pixel_values"}
     vision_features_concatenated = True
     chat_format = CHAT_FORMAT
 

@@ -113,6 +113,8 @@ class KimiK25Adapter(HFModelAdapter):
     projector_module = NATIVE.projector
     language_module = "model.language_model"
     vision_input_keys = ("pixel_values", "image_grid_thw")
+    #: Positional: a checkpoint's remote code (``trust_remote_code``) may name them otherwise.
+    vision_call_keywords = None
     named_configs: ClassVar[Mapping[str, Mapping[str, Any]]] = configs.KIMI_K25
     chat_format = KIMI_CHAT
     chat_template = KIMI_CHAT_TEMPLATE

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
+from hyper_core.adapters.vision_context import VisionContext
 from hyper_core.adapters.vision_outputs import FlatOutputs
 from hyper_core.errors import DataError
 from hyper_core.parallel.all_to_all import all_to_all
@@ -114,6 +115,7 @@ class EncoderBalancer:
         group: Any = None,
         host_group: Any = None,
         video_keys: Sequence[str] = (),
+        meta_keys: Sequence[str] = (),
     ) -> None:
         self.model = model
         self.adapter = adapter
@@ -121,6 +123,9 @@ class EncoderBalancer:
         #: The videos' keys (``VisionEncoderSpec.video_keys``), matching :attr:`keys` one to
         #: one: the adapter splits and injects videos as entries after the images.
         self.video_keys = tuple(video_keys)
+        #: Per-image metadata keys (``VisionEncoderSpec.meta_keys``): each image's rows of the
+        #: micro-batch's ``image_meta`` travel in its record, after its input metadata.
+        self.meta_keys = tuple(meta_keys)
         self.settings = settings
         self.rank = rank
         self.world = world_size
@@ -133,9 +138,9 @@ class EncoderBalancer:
         self._anchor: torch.Tensor | None = None
         self._logged_step = 0
         self._handles: list[Any] = []
-        #: The last micro-batch ``get_batch`` moved: its device model inputs (weakly) and its
-        #: host model inputs.
-        self._moved: tuple[list[weakref.ref[torch.Tensor]], Mapping[str, Any]] | None = None
+        #: The last micro-batch ``get_batch`` moved: its device model inputs (weakly) and the
+        #: host micro-batch (model inputs, ``image_meta``).
+        self._moved: tuple[list[weakref.ref[torch.Tensor]], MicroBatch] | None = None
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class EncoderBalancer:
             self._moved = None
             if any(model_inputs.get(k) is not None for k in (self.keys[0], *self.video_keys[:1])):
                 moved = [v for v in model_inputs.values() if isinstance(v, torch.Tensor)]
-                self._moved = ([weakref.ref(t) for t in moved], micro_batch.model_inputs)
+                self._moved = ([weakref.ref(t) for t in moved], micro_batch)
             return model_inputs, loss_inputs
 
         return get_batch_keeping_host_inputs
@@ -209,12 +214,11 @@ class EncoderBalancer:
     def rebalance(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The forward's keyword arguments with the images balanced (a collective)."""
         self.stats.micro_steps += 1
-        images = self._images(kwargs)
-        schema = Schema.of(self.keys, images[0]) if images else None
-        header = (
-            schema.header(len(images)) if schema is not None else [0] * Schema.header_len(self.keys)
-        )
-        records = schema.records(images) if schema is not None else []
+        images, context = self._images(kwargs)
+        keys = self.record_keys
+        schema = Schema.of(keys, self._with_meta(images, context)) if images else None
+        header = schema.header(len(images)) if schema is not None else [0] * Schema.header_len(keys)
+        records = schema.records(self._with_meta(images, context)) if schema is not None else []
         gathered = self._all_gather_objects((header, records))
         headers = [h for h, _ in gathered]
         if sum(h[0] for h in headers) == 0:
@@ -244,9 +248,9 @@ class EncoderBalancer:
         moved = sum(a != o for a, o in zip(assignment, owners, strict=True))
         st.images_moved += moved
         if not moved:
-            return self._local(kwargs, images, catalog, schema)
+            return self._local(kwargs, images, catalog, schema, context)
         st.rebalanced += 1
-        return self._exchange(kwargs, images, catalog, assignment, schema)
+        return self._exchange(kwargs, images, catalog, assignment, schema, context)
 
     def _local(
         self,
@@ -254,6 +258,7 @@ class EncoderBalancer:
         images: list[dict[str, Any]],
         catalog: list[_Image],
         schema: Schema,
+        context: VisionContext,
     ) -> dict[str, Any]:
         """Every rank encodes its own images (a rank without any encodes a dummy)."""
         if images:
@@ -261,8 +266,9 @@ class EncoderBalancer:
             # the forward's own device inputs: all of this rank's images (then videos)
             vision_inputs = self._vision_inputs(kwargs)
             assert vision_inputs is not None  # it has images
-            return self.adapter.inject_vision_outputs(kwargs, self._encode(vision_inputs))
-        flat = FlatOutputs(self._encode(self._dummy(catalog, schema), dummy=True), 1)
+            outputs = self._encode(vision_inputs, context)
+            return self.adapter.inject_vision_outputs(kwargs, outputs, context)
+        flat = FlatOutputs(self._encode(*self._dummy(catalog, schema), dummy=True), 1)
         self._anchor = flat.pack()[:0].sum()
         return self._without_pixels(kwargs)
 
@@ -273,6 +279,7 @@ class EncoderBalancer:
         catalog: list[_Image],
         assignment: list[int],
         schema: Schema,
+        context: VisionContext,
     ) -> dict[str, Any]:
         me, world = self.rank, self.world
         gid = {id(img): g for g, img in enumerate(catalog)}
@@ -297,15 +304,16 @@ class EncoderBalancer:
         # 2. encode this rank's share (or a dummy)
         if computed:
             pieces = recv.split([img.rows for img in computed], dim=0)
-            metas = schema.metadata_of([img.record for img in computed], self.device)
+            shared = [img.record for img in computed]
+            metas = schema.metadata_of(shared, self.device, self.keys[1:])
             share = [
                 {self.keys[0]: piece, **meta} for meta, piece in zip(metas, pieces, strict=True)
             ]
             self.stats.images_computed += len(computed)
-            out = self._encode(merge_inputs(share, self.keys))
+            out = self._encode(merge_inputs(share, self.keys), self._context_of(schema, shared))
             flat = FlatOutputs(out, len(computed))
         else:
-            out = self._encode(self._dummy(catalog, schema), dummy=True)
+            out = self._encode(*self._dummy(catalog, schema), dummy=True)
             flat = FlatOutputs(out, 1)
         packed = flat.pack()
         # 3. token rows per image back to the owners (sizes for the feature exchange; host)
@@ -337,35 +345,62 @@ class EncoderBalancer:
         per_image: list[list[torch.Tensor]] = [[] for _ in mine]
         for img, block in zip(outgoing, blocks, strict=True):
             per_image[img.index] = flat.unpack(block)
-        return self.adapter.inject_vision_outputs(kwargs, flat.rebuild(per_image))
+        return self.adapter.inject_vision_outputs(kwargs, flat.rebuild(per_image), context)
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _images(self, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """This forward's images: each one's device patches and its host metadata.
+    def _images(self, kwargs: Mapping[str, Any]) -> tuple[list[dict[str, Any]], VisionContext]:
+        """This forward's images (each one's device patches and its host metadata) and their
+        :class:`VisionContext` (the micro-batch's ``image_meta``).
 
         The adapter splits the host inputs that :meth:`wrap_get_batch` kept (its patch counts
         and the records are then read without waiting for the device); the device patch tensor
         is cut at the same rows. They are this forward's when one of its tensors is one that
         ``get_batch`` returned (not the patches: FSDP2 casts floating inputs to its
         ``param_dtype``, a new tensor). Without them (a forward not fed by the run's
-        ``get_batch``) the device inputs are split, which waits for the device.
+        ``get_batch``) the device inputs are split, which waits for the device, and the
+        context has no ``image_meta``.
         """
         patch_key = self.keys[0]
-        vision_inputs = self._vision_inputs(kwargs)
-        if vision_inputs is None:
-            return []
-        patches = vision_inputs[patch_key]
         moved, self._moved = self._moved, None
         given = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
-        if moved is not None and any(ref() is t for ref in moved[0] for t in given):
-            images = self.adapter.split_vision_inputs(moved[1])
+        ours = moved is not None and any(ref() is t for ref in moved[0] for t in given)
+        meta = dict(moved[1].image_meta) if ours and moved is not None else {}
+        context = VisionContext(config=self.model.config, image_meta=meta)
+        vision_inputs = self._vision_inputs(kwargs)
+        if vision_inputs is None:
+            return [], context
+        patches = vision_inputs[patch_key]
+        if ours and moved is not None:
+            images = self.adapter.split_vision_inputs(moved[1].model_inputs, context)
             rows = [int(img[patch_key].shape[0]) for img in images]
             if sum(rows) == patches.shape[0]:
                 chunks = patches.split(rows, dim=0)
-                return [{**img, patch_key: c} for img, c in zip(images, chunks, strict=True)]
+                cut = [{**img, patch_key: c} for img, c in zip(images, chunks, strict=True)]
+                return cut, context
         log.debug("encoder_parallel: image metadata read from the device")
-        return self.adapter.split_vision_inputs(kwargs)
+        return self.adapter.split_vision_inputs(kwargs, context), context
+
+    @property
+    def record_keys(self) -> tuple[str, ...]:
+        """What an image's record holds: its input keys, then its per-image metadata."""
+        return (*self.keys, *self.meta_keys)
+
+    def _with_meta(
+        self, images: list[dict[str, Any]], context: VisionContext
+    ) -> list[dict[str, Any]]:
+        """``images`` with each one's :attr:`meta_keys` rows (``(1, ...)``) added."""
+        if not self.meta_keys:
+            return images
+        meta = {k: context.image_meta[k] for k in self.meta_keys}
+        return [
+            {**img, **{k: v[i : i + 1] for k, v in meta.items()}} for i, img in enumerate(images)
+        ]
+
+    def _context_of(self, schema: Schema, records: Sequence[Sequence[int]]) -> VisionContext:
+        """The context of the images of ``records`` (their metadata on the host)."""
+        meta = schema.host_metadata_of(records, self.meta_keys) if self.meta_keys else {}
+        return VisionContext(config=self.model.config, image_meta=meta)
 
     def _vision_inputs(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor] | None:
         """The encoder's inputs for all of ``inputs``' images, then its videos: each of
@@ -380,14 +415,16 @@ class EncoderBalancer:
                 found[key] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         return found if self.keys[0] in found else None
 
-    def _encode(self, inputs: Mapping[str, Any], dummy: bool = False) -> Any:
+    def _encode(
+        self, inputs: Mapping[str, Any], context: VisionContext, dummy: bool = False
+    ) -> Any:
         self.stats.encoder_calls += 1
         self.stats.dummy_calls += int(dummy)
         if not self.settings.profile:
-            return self.adapter.call_vision_encoder(self.model, inputs)
+            return self.adapter.call_vision_encoder(self.model, inputs, context)
         _sync(self.device)
         t0 = time.perf_counter()
-        out = self.adapter.call_vision_encoder(self.model, inputs)
+        out = self.adapter.call_vision_encoder(self.model, inputs, context)
         _sync(self.device)
         self.stats.encoder_ms += (time.perf_counter() - t0) * 1e3
         return out
@@ -396,13 +433,17 @@ class EncoderBalancer:
         dropped = {*self.keys, *self.video_keys}
         return {k: v for k, v in kwargs.items() if k not in dropped}
 
-    def _dummy(self, catalog: list[_Image], schema: Schema) -> dict[str, torch.Tensor]:
-        """Zero pixels shaped like the micro-step's smallest image (its gradient is zero)."""
+    def _dummy(
+        self, catalog: list[_Image], schema: Schema
+    ) -> tuple[dict[str, torch.Tensor], VisionContext]:
+        """Zero pixels shaped like the micro-step's smallest image (its gradient is zero), and
+        that image's context."""
         smallest = min(catalog, key=lambda img: img.rows)
         patches = torch.zeros(
             (smallest.rows, *schema.patch_trailing), dtype=schema.patch_dtype, device=self.device
         )
-        return {self.keys[0]: patches, **schema.metadata(smallest.record, self.device)}
+        meta = schema.metadata_of([smallest.record], self.device, self.keys[1:])[0]
+        return {self.keys[0]: patches, **meta}, self._context_of(schema, [smallest.record])
 
     def _agree(self, headers: list[list[int]]) -> Schema:
         """The input layout, which every rank with images must share."""
@@ -412,7 +453,7 @@ class EncoderBalancer:
                 f"encoder_parallel: ranks disagree on the vision inputs: {described}"
             )
         first = next(h for h in headers if h[0] > 0)
-        return Schema.from_header(self.keys, first)
+        return Schema.from_header(self.record_keys, first)
 
     def _all_gather_objects(self, value: Any) -> list[Any]:
         """Every rank's ``value`` (small Python data), over :attr:`host_group`."""
@@ -456,6 +497,7 @@ def install(
     settings: EncoderParallelConfig,
     dist: Any,
     video_keys: Sequence[str] = (),
+    meta_keys: Sequence[str] = (),
 ) -> EncoderBalancer:
     """Balance ``model``'s encoder over all ranks (a collective: creates process groups).
 
@@ -477,6 +519,7 @@ def install(
         group=group,
         host_group=host_group,
         video_keys=video_keys,
+        meta_keys=meta_keys,
     )
     balancer.install()
     return balancer

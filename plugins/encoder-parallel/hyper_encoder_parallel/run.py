@@ -136,7 +136,14 @@ class EncoderParallelRun:
 
         spec = plan.vision_encoder
         self.balancer = install(
-            result, strategy, adapter, spec.input_keys, self.settings, dist, spec.video_keys
+            result,
+            strategy,
+            adapter,
+            spec.input_keys,
+            self.settings,
+            dist,
+            spec.video_keys,
+            spec.meta_keys,
         )
         if dist.is_main:
             log.info(

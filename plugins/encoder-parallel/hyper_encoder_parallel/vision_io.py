@@ -3,8 +3,10 @@
 Inputs: the adapter's :meth:`~hyper_core.adapters.ModelAdapter.split_vision_inputs` gives one
 dict per image keyed by :attr:`~hyper_core.adapters.VisionEncoderSpec.input_keys`: the patch
 tensor first (``(patches_i, ...)``), then small per-image metadata (``image_grid_thw``
-``(1, 3)``). A :class:`Schema` (dtypes and trailing shapes) and one int64 record per image
-(patch rows, metadata values) describe them to every rank.
+``(1, 3)``), then the image's rows of the micro-batch's ``image_meta`` under
+:attr:`~hyper_core.adapters.VisionEncoderSpec.meta_keys` (a tile count). A :class:`Schema`
+(dtypes and trailing shapes) and one int64 record per image (patch rows, metadata values)
+describe them to every rank.
 
 Outputs travel as the rows of the core's
 :class:`~hyper_core.adapters.vision_outputs.FlatOutputs`.
@@ -143,24 +145,38 @@ class Schema:
         return self.metadata_of([record], device)[0]
 
     def metadata_of(
-        self, records: Sequence[Sequence[int]], device: torch.device
+        self,
+        records: Sequence[Sequence[int]],
+        device: torch.device,
+        keys: Sequence[str] | None = None,
     ) -> list[dict[str, torch.Tensor]]:
-        """The metadata tensors of several images, with one host-to-device copy for all of
-        them (from page-locked memory on CUDA, so the host does not wait)."""
+        """The metadata tensors (of ``keys``, default all) of several images, with one
+        host-to-device copy for all of them (from page-locked memory on CUDA, so the host
+        does not wait)."""
         host = torch.tensor([list(r[1:]) for r in records], dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()
         values = host.to(device, non_blocking=True)
-        out: list[dict[str, torch.Tensor]] = []
-        for row in values:
-            meta, pos = {}, 0
-            for key, dtype, shape, n in zip(
-                self.keys[1:], self.meta_dtypes, self.meta_shapes, self.meta_numels, strict=True
-            ):
+        return [self._unpack(row, keys) for row in values]
+
+    def host_metadata_of(
+        self, records: Sequence[Sequence[int]], keys: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """The metadata of ``keys`` of several images as host tensors, each key's rows
+        concatenated in order (what a :class:`~hyper_core.adapters.VisionContext` holds)."""
+        host = torch.tensor([list(r[1:]) for r in records], dtype=torch.int64)
+        rows = [self._unpack(row, keys) for row in host]
+        return {k: torch.cat([r[k] for r in rows], dim=0) for k in keys}
+
+    def _unpack(self, row: torch.Tensor, keys: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        meta, pos = {}, 0
+        for key, dtype, shape, n in zip(
+            self.keys[1:], self.meta_dtypes, self.meta_shapes, self.meta_numels, strict=True
+        ):
+            if keys is None or key in keys:
                 meta[key] = _from_int64(row[pos : pos + n], dtype).reshape(shape)
-                pos += n
-            out.append(meta)
-        return out
+            pos += n
+        return meta
 
     def empty_patches(self, rows: int, device: torch.device) -> torch.Tensor:
         """A ``(rows, *trailing)`` patch buffer."""

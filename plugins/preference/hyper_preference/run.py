@@ -142,6 +142,7 @@ class PreferenceRun:
         if (
             spec is None
             or len(spec.input_keys) < 2
+            or spec.meta_keys  # per-image metadata (tiles) the pre-hook does not carry
             or trainer.dist.cp > 1
             or (ep is not None and getattr(ep, "enabled", False))
             or self.config.parallel.strategy == "encoder_parallel"

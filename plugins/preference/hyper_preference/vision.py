@@ -83,6 +83,7 @@ class SharedImages:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         import torch
 
+        from hyper_core.adapters.vision_context import VisionContext
         from hyper_core.adapters.vision_outputs import FlatOutputs
 
         rows, order = kwargs.pop(ROWS_KEY, None), kwargs.pop(ORDER_KEY, None)
@@ -91,9 +92,11 @@ class SharedImages:
         grid = kwargs[self.grid]
         index = torch.tensor(rows, dtype=torch.long).to(grid.device, non_blocking=True)
         present = {self.pixels: kwargs[self.pixels], self.grid: grid.index_select(0, index)}
-        outputs = self.adapter.call_vision_encoder(module, present)
+        # a grid tower's metadata is a model input (``image_grid_thw``): no image_meta
+        context = VisionContext(config=module.config)
+        outputs = self.adapter.call_vision_encoder(module, present, context)
         flat = FlatOutputs(outputs, len(rows))
         repeated = flat.rebuild([[leaf[j] for leaf in flat.leaves] for j in order])
         self.encoded += len(rows)
         self.received += len(order)
-        return args, self.adapter.inject_vision_outputs(kwargs, repeated)
+        return args, self.adapter.inject_vision_outputs(kwargs, repeated, context)

@@ -2,8 +2,9 @@
 
 ``HFModelAdapter`` does config loading (named config or ``[model] path``), random init or
 safetensors loading, meta-device builds, freezing and export; this class names the modules
-and supplies what is LLaVA-specific: the processor, the transform, the per-image view of the
-vision tower and the FLOPs.
+and supplies what is LLaVA-specific: the processor, the transform and the FLOPs. The per-image
+view of the vision tower (encoder parallelism) is ``HFModelAdapter``'s default for its one
+vision input key.
 """
 
 from __future__ import annotations
@@ -80,19 +81,6 @@ class LlavaAdapter(HFModelAdapter):
         groups = super().freeze_groups(model)
         groups["language"] = [self.language_module, "lm_head"]
         return groups
-
-    def split_vision_inputs(self, model_inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One ``{"pixel_values": (1, 3, S, S)}`` per image."""
-        pixel_values = model_inputs.get("pixel_values")
-        if pixel_values is None:
-            return []
-        return [{"pixel_values": pixel_values[i : i + 1]} for i in range(len(pixel_values))]
-
-    def call_vision_encoder(self, model: torch.nn.Module, vision_inputs: Mapping[str, Any]) -> Any:
-        """Tower and projector; ``.pooler_output`` holds one ``(tokens, hidden)`` per image."""
-        return model.get_image_features(
-            pixel_values=vision_inputs["pixel_values"], return_dict=True
-        )
 
     def flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> FlopsCount:
         """The core's text count; vision: 6 × (tower + projector) × patches per image."""
