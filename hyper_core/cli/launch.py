@@ -363,6 +363,8 @@ class _Failure(NamedTuple):
     time: float
     how: str
     user_error: bool = False
+    #: Whether the rank said nothing of its own (its last line of output may).
+    silent: bool = False
 
 
 def _where(beat: dict[str, Any] | None) -> str:
@@ -393,8 +395,8 @@ def launcher_exit_code(
     error, the signal that killed it, its stall), then the others' failures as its
     consequences (a collective's error on a lost peer, a rank the launcher ended). An error
     several ranks share is said once. A native crash's report (``crashes``, rank -> text) is
-    quoted after its rank's line, and so is the last meaningful line a rank that started the
-    failure wrote (``last_lines``, rank -> line) unless its error already says it.
+    quoted after its rank's line, and so is the last meaningful line of output of a rank that
+    started the failure without saying why (killed, frozen; ``last_lines``, rank -> line).
     """
     deaths, beats, frozen, crashes = deaths or {}, beats or {}, frozen or {}, crashes or {}
     last_lines = last_lines or {}
@@ -402,7 +404,7 @@ def launcher_exit_code(
     for rank, state in frozen.items():
         beat = beats.get(rank, {})
         how = f"stalled{_where(beat)}: its heartbeat stopped; the process was {state}"
-        failures.append(_Failure(rank, _FROZEN, float(beat.get("beat", 0.0)), how))
+        failures.append(_Failure(rank, _FROZEN, float(beat.get("beat", 0.0)), how, silent=True))
     for rank, record in statuses.items():
         if record["status"] != "failed" or rank in frozen:
             continue
@@ -425,7 +427,8 @@ def launcher_exit_code(
         else:
             how = f"exited with code {code}{where} without saying why"
         order = _ENDED if rank in killed else _CAUSE
-        failures.append(_Failure(rank, order, float(death.get("time", 0.0)), how))
+        time = float(death.get("time", 0.0))
+        failures.append(_Failure(rank, order, time, how, silent=True))
     failures.sort(key=lambda f: (f.order, f.time))
     printed: set[str] = set()
     causes = sum(1 for f in failures if f.order <= _CAUSE)
@@ -438,8 +441,8 @@ def launcher_exit_code(
             continue
         first = " (first)" if i == 0 and causes > 1 else ""
         print(f"hyper-train: rank {f.rank}{first} {f.how}", file=sys.stderr)
-        last = last_lines.get(f.rank)
-        if last and last not in f.how:
+        last = last_lines.get(f.rank) if f.silent else None
+        if last:
             print(f"hyper-train:   last output of rank {f.rank}: {_short(last)}", file=sys.stderr)
     if failures:
         return 2 if all(f.user_error for f in failures) else 1

@@ -103,7 +103,7 @@ def test_the_causes_last_output_line_is_quoted_not_the_consequences(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The rank that started the failure: its last meaningful line (from the relay) follows
-    its line; a consequence's is not shown, nor a line its error already says."""
+    its line; not a consequence's, nor that of a rank that reported its own error."""
     lost = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
     statuses = {0: _status(0, "failed", 1.0, error=lost, consequence=True)}
     deaths = {1: {"exitcode": -9, "signal": "SIGKILL", "time": 2.0}}
@@ -115,7 +115,7 @@ def test_the_causes_last_output_line_is_quoted_not_the_consequences(
         f"hyper-train:   consequence: rank 0 failed: {lost}",
     ]
     failed = {1: _status(1, "failed", 1.0, error="ValueError: bad row 7")}
-    assert launcher_exit_code(1, failed, 2, last_lines={1: "ValueError: bad row 7"}) == 1
+    assert launcher_exit_code(1, failed, 2, last_lines={1: "hyper-train: step 3/8"}) == 1
     assert capsys.readouterr().err == "hyper-train: rank 1 failed: ValueError: bad row 7\n"
 
 
