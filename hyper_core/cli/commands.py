@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunFailed, UserError
+from ..parallel.rank_output import connect_output
 from ..parallel.rank_status import record_crashes, reported_by_launcher
 from . import launch
 from .data_show import add_show_options, cmd_data_show
@@ -173,6 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_here(args)  # stopped on a signal: the checkpoint is saved, exit 0 as well
         return 0
     _quiet_other_ranks(args.debug)
+    connect_output()
     crash_report = record_crashes()  # noqa: F841 (open until the process ends)
     try:
         stopped = _run_here(args) == EXIT_STOPPED

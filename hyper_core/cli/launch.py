@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import UserError
+from ..parallel.rank_output import OutputRelay
 from ..parallel.rank_status import (
     STATUS_DIR_ENV,
     beat_interval,
@@ -290,12 +291,18 @@ def _launch_once(args: argparse.Namespace, stall_timeout_s: float | None) -> int
     with tempfile.TemporaryDirectory(prefix="hyper-train-status-") as status_dir:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env[STATUS_DIR_ENV] = status_dir
-        supervisor = _Supervisor(cmd, Path(status_dir), stall_timeout_s)
-        rc = supervisor.run(env)
         folder = Path(status_dir)
+        relay = OutputRelay.open(folder, args.nproc_per_node, sys.stdout.buffer, sys.stderr.buffer)
+        supervisor = _Supervisor(cmd, folder, stall_timeout_s)
+        try:
+            rc = supervisor.run(env)
+        finally:
+            if relay is not None:
+                relay.close()
         statuses = read_records(folder, ".json")
         beats = read_records(folder, ".beat")
         deaths = _read_deaths(folder)
+        last_lines = _last_lines(relay, statuses, beats, deaths)
         crashes = {
             int(f.name.split("-")[1].split(".")[0]): f.read_text(errors="replace")
             for f in folder.glob("rank-*.crash")
@@ -312,6 +319,7 @@ def _launch_once(args: argparse.Namespace, stall_timeout_s: float | None) -> int
         frozen=supervisor.frozen,
         killed=supervisor.killed,
         crashes=crashes,
+        last_lines=last_lines,
     )
     return _SIGNALLED if code == 1 and supervisor.first_signal_at is not None else code
 
@@ -319,6 +327,20 @@ def _launch_once(args: argparse.Namespace, stall_timeout_s: float | None) -> int
 #: Written by :mod:`hyper_core.cli.torchrun` into the status folder: ranks that torchrun saw
 #: exit non-zero (``rank -> {exitcode, signal, time}``).
 DEATHS_FILE = "torchrun-failures.json"
+
+
+def _last_lines(relay: OutputRelay | None, *records: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``rank -> its meaningful last line of output`` (the relay knows local ranks; the
+    ranks' records say which rank each is)."""
+    if relay is None:
+        return {}
+    lines = {}
+    for by_rank in records:
+        for rank, record in by_rank.items():
+            line = relay.last_line(int(record.get("local_rank", -1)))
+            if line is not None:
+                lines[rank] = line
+    return lines
 
 
 def _read_deaths(folder: Path) -> dict[int, dict[str, Any]]:
@@ -341,6 +363,8 @@ class _Failure(NamedTuple):
     time: float
     how: str
     user_error: bool = False
+    #: Whether the rank said nothing of its own (its last line of output may).
+    silent: bool = False
 
 
 def _where(beat: dict[str, Any] | None) -> str:
@@ -362,6 +386,7 @@ def launcher_exit_code(
     frozen: dict[int, str] | None = None,
     killed: set[int] | frozenset[int] = frozenset(),
     crashes: dict[int, str] | None = None,
+    last_lines: dict[int, str] | None = None,
 ) -> int:
     """0 when every local rank ended cleanly (also when torchrun itself was signalled and so
     exits non-zero), 2 when the ranks failed on a user error, else 1.
@@ -370,14 +395,16 @@ def launcher_exit_code(
     error, the signal that killed it, its stall), then the others' failures as its
     consequences (a collective's error on a lost peer, a rank the launcher ended). An error
     several ranks share is said once. A native crash's report (``crashes``, rank -> text) is
-    quoted after its rank's line.
+    quoted after its rank's line, and so is the last meaningful line of output of a rank that
+    started the failure without saying why (killed, frozen; ``last_lines``, rank -> line).
     """
     deaths, beats, frozen, crashes = deaths or {}, beats or {}, frozen or {}, crashes or {}
+    last_lines = last_lines or {}
     failures: list[_Failure] = []
     for rank, state in frozen.items():
         beat = beats.get(rank, {})
         how = f"stalled{_where(beat)}: its heartbeat stopped; the process was {state}"
-        failures.append(_Failure(rank, _FROZEN, float(beat.get("beat", 0.0)), how))
+        failures.append(_Failure(rank, _FROZEN, float(beat.get("beat", 0.0)), how, silent=True))
     for rank, record in statuses.items():
         if record["status"] != "failed" or rank in frozen:
             continue
@@ -400,7 +427,8 @@ def launcher_exit_code(
         else:
             how = f"exited with code {code}{where} without saying why"
         order = _ENDED if rank in killed else _CAUSE
-        failures.append(_Failure(rank, order, float(death.get("time", 0.0)), how))
+        time = float(death.get("time", 0.0))
+        failures.append(_Failure(rank, order, time, how, silent=True))
     failures.sort(key=lambda f: (f.order, f.time))
     printed: set[str] = set()
     causes = sum(1 for f in failures if f.order <= _CAUSE)
@@ -408,13 +436,14 @@ def launcher_exit_code(
         if f.how in printed:
             continue  # the same error on another rank: said once
         printed.add(f.how)
-        if i == 0:
-            first = " (first)" if causes > 1 else ""
-            print(f"hyper-train: rank {f.rank}{first} {f.how}", file=sys.stderr)
-        elif f.order > _CAUSE and failures[0].order < f.order:
+        if f.order > _CAUSE and failures[0].order < f.order:
             print(f"hyper-train:   consequence: rank {f.rank} {_short(f.how)}", file=sys.stderr)
-        else:
-            print(f"hyper-train: rank {f.rank} {f.how}", file=sys.stderr)
+            continue
+        first = " (first)" if i == 0 and causes > 1 else ""
+        print(f"hyper-train: rank {f.rank}{first} {f.how}", file=sys.stderr)
+        last = last_lines.get(f.rank) if f.silent else None
+        if last:
+            print(f"hyper-train:   last output of rank {f.rank}: {_short(last)}", file=sys.stderr)
     if failures:
         return 2 if all(f.user_error for f in failures) else 1
     local = {int(r.get("local_rank", -1)) for r in statuses.values()}

@@ -126,7 +126,13 @@ def write_beat(record: dict[str, Any]) -> None:
         rank = int(os.environ["RANK"])
         _write_json(
             folder / f"rank-{rank}.beat",
-            {"rank": rank, "pid": os.getpid(), "beat": time.time(), **record},
+            {
+                "rank": rank,
+                "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                "pid": os.getpid(),
+                "beat": time.time(),
+                **record,
+            },
         )
 
 

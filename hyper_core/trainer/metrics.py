@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..parallel.rank_output import RELAYED_TTY_ENV
 
 if TYPE_CHECKING:
     from ..plugins.manager import PluginHost
@@ -241,5 +242,6 @@ class MetricsWriter:
 
 
 def is_interactive() -> bool:
-    """Whether stderr is a terminal (and not CI)."""
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    """Whether stderr is a terminal, or was before the launcher relayed it (and not CI)."""
+    tty = sys.stderr.isatty() or os.environ.get(RELAYED_TTY_ENV) == "1"
+    return tty and not os.environ.get("CI")

@@ -165,11 +165,12 @@ def launch_two_rank_jobs(modules: Sequence[ModuleType], root: Path) -> TwoRankRu
     return TwoRankRuns(root, logs)
 
 
-def losses(out: Path) -> dict[int, float]:
-    """``step -> loss`` from ``metrics.jsonl`` (a resumed run's records override older ones)."""
+def losses(out: Path, first_line: int = 0) -> dict[int, float]:
+    """``step -> loss`` from ``metrics.jsonl`` (a resumed run's records override older ones),
+    from its line ``first_line`` on (0-based)."""
     found: dict[int, float] = {}
     path = out / "metrics.jsonl"
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines()[first_line:]:
         record = json.loads(line)
         if "loss" in record:
             found[int(record["step"])] = float(record["loss"])

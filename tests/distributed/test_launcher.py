@@ -99,6 +99,26 @@ def test_a_killed_rank_is_the_cause_and_lost_peers_its_consequences(
     ]
 
 
+def test_the_causes_last_output_line_is_quoted_not_the_consequences(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The rank that started the failure: its last meaningful line (from the relay) follows
+    its line; not a consequence's, nor that of a rank that reported its own error."""
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+    statuses = {0: _status(0, "failed", 1.0, error=lost, consequence=True)}
+    deaths = {1: {"exitcode": -9, "signal": "SIGKILL", "time": 2.0}}
+    last = {0: lost, 1: "hyper-train: reading shard 3 of /nfs/data"}
+    assert launcher_exit_code(1, statuses, 2, deaths=deaths, last_lines=last) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "hyper-train: rank 1 was killed by signal 9 (SIGKILL: out of memory?)",
+        "hyper-train:   last output of rank 1: hyper-train: reading shard 3 of /nfs/data",
+        f"hyper-train:   consequence: rank 0 failed: {lost}",
+    ]
+    failed = {1: _status(1, "failed", 1.0, error="ValueError: bad row 7")}
+    assert launcher_exit_code(1, failed, 2, last_lines={1: "hyper-train: step 3/8"}) == 1
+    assert capsys.readouterr().err == "hyper-train: rank 1 failed: ValueError: bad row 7\n"
+
+
 def test_a_frozen_rank_is_named_before_the_ranks_that_waited_for_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
