@@ -7,7 +7,9 @@ have parameters only, the LoRA weights (and ``modules_to_save``) gradients and A
 With ``[peft] quantize = "nf4"`` each quantized linear weight of ``n`` elements quantized from
 ``e``-byte values counts ``n/2 + n/64 + e·n/(64·s) + 17·e`` bytes (4-bit codes, int8 block
 scales, one factor per ``s = 256`` scales, their mean and the code table; ~0.516 byte per
-weight), by :func:`hyper_peft.quantize.nf4_bytes`.
+weight), by :func:`hyper_peft.quantize.nf4_bytes`; each matmul dequantizes its weight, so the
+largest one's ``(8 + 3e)·n`` (torchao's int64 codes, looked-up and scaled halves, the weight)
+is transient (:func:`hyper_peft.quantize.dequantize_peak_bytes`).
 
 **Model state** (exact): per parameter, its rank-local element count times its element size.
 Under a parameter-sharding strategy (``fsdp2``) with more than one rank, each parameter is
@@ -1028,6 +1030,11 @@ def estimate_model(
             "logits_grad": F * shape.vocab * loss.rows,
         }
     transient["recompute"] = acts.pop("recompute")
+    if packed:  # one NF4 weight dequantized for its matmul at a time: the largest
+        from hyper_peft.quantize import dequantize_peak_bytes
+
+        largest = max((model.get_parameter(n) for n in packed), key=lambda p: p.numel())
+        transient["nf4_dequantize"] = dequantize_peak_bytes(largest.numel(), largest.element_size())
     if layout.param_shards > 1:
         unit = max(shape.unit_numels, default=0)
         if experts:  # a unit gathers only its E / ep experts

@@ -56,6 +56,13 @@ def nf4_bytes(numel: int, element_size: int) -> int:
     )
 
 
+def dequantize_peak_bytes(numel: int, element_size: int) -> int:
+    """Bytes live at the peak of dequantizing one NF4 weight for a matmul (forward and
+    backward): torchao unpacks the two 4-bit halves as int64 codes (``8·n``), looks them up
+    and scales them (``2·e·n``) and interleaves them into the weight (``e·n``)."""
+    return (8 + 3 * element_size) * numel
+
+
 def _language_scopes(model: Any, adapter: Any) -> list[str]:
     """Module paths of the adapter's language model ('' for the whole model)."""
     return list(adapter.freeze_groups(model).get("language", [""]))
