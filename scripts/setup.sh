@@ -28,6 +28,7 @@ for d in adapters/* plugins/*; do
   case "$d" in
     adapters/qwen-vl) pkgs+=(-e "$d[video]") ;;  # PyAV: the video tests decode files
     plugins/preference) pkgs+=(-e "$d[test]") ;;  # trl: the DPO loss-equivalence tests
+    plugins/peft) pkgs+=(-e "$d[qlora]") ;;  # torchao: the QLoRA (NF4) tests
     *) pkgs+=(-e "$d") ;;
   esac
 done

@@ -246,12 +246,15 @@ def _free_bytes(path: Path) -> int | None:
 
 
 def non_finite_parameter(model: Any) -> str | None:
-    """The name of a parameter with a NaN or infinite value in this rank's part of ``model``
-    (a DTensor's local shard), or None; one device sync when all are finite."""
+    """The name of a trained parameter (``requires_grad``) with a NaN or infinite value in
+    this rank's part of ``model`` (a DTensor's local shard), or None; one device sync when all
+    are finite. Frozen parameters are as loaded (and may be packed, e.g. a 4-bit base)."""
     import torch
 
     named = [
-        (n, p.to_local() if hasattr(p, "to_local") else p) for n, p in model.named_parameters()
+        (n, p.to_local() if hasattr(p, "to_local") else p)
+        for n, p in model.named_parameters()
+        if p.requires_grad
     ]
     named = [(n, t) for n, t in named if t.is_floating_point() and t.numel()]
     if not named:

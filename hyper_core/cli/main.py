@@ -53,6 +53,11 @@ def _setup_logging(debug: bool) -> None:
     logging.basicConfig(level=level, format="hyper-train: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # torchao (hyper-train-peft[qlora]; transformers and peft import it when installed) warns
+    # on import of the CUDA kernels a CPU build cannot load, and registers its enums with
+    # torch's pytree, which warns too: neither concerns a run
+    for noisy in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def _quiet_library_bars() -> None:

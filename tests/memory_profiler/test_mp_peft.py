@@ -134,3 +134,43 @@ def test_a_bf16_base_is_measured_as_estimated(
         "bfloat16": 2 * (est["parameters"]["total"] - trainable),
     }
     assert set(est["state"]["optimizer"]["by_dtype"]) == {"float32"}
+
+
+def test_an_nf4_base_is_measured_as_estimated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[peft] quantize = "nf4"``: the profiler measures the NF4 weights' packed bytes (codes,
+    block scales, factors) as the estimate counts them, ``n/2 + n/64 + e·n/(64·s) + 17·e`` per
+    weight of ``n`` elements quantized from ``e``-byte values; the rest as without it."""
+    from hyper_core.cli import main
+    from hyper_memory_profiler.report import first_measured_step, measured_state
+    from hyper_peft.quantize import dequantize_peak_bytes, nf4_bytes, nf4_modules
+
+    extra = PROFILER_ON + PEFT + 'base_dtype = "bfloat16"\nquantize = "nf4"\n'
+    config = write_config(tmp_path / "qlora.toml", tmp_path / "out", extra=extra)
+    trainer = run_in_process(config)
+    record = json.loads((tmp_path / "out" / "memory" / "summary.json").read_text())["ranks"][0]
+    batch = first_measured_step(record)["batch"]
+    argv = ["memory", "estimate", str(config), "--json"]
+    argv += ["--tokens", str(batch["rows"] * batch["seq_len"]), "--samples", str(batch["samples"])]
+    argv += ["--patches", str(batch["patches"])]
+    capsys.readouterr()
+    assert main(argv) == 0
+    est = json.loads(capsys.readouterr().out)
+    measured = measured_state(record)
+    for key in ("params", "grads", "optimizer", "buffers"):
+        assert est["per_rank"][key] == measured[key]["total"], key
+    model = trainer.unwrapped_model
+    names = nf4_modules(model, trainer.adapter)
+    assert names and not any("visual" in n for n in names)  # the vision tower stays bf16
+    shapes = [model.get_submodule(n).weight.shape for n in names]
+    packed = sum(nf4_bytes(s.numel(), 2) for s in shapes)
+    by_dtype = est["state"]["params"]["by_dtype"]
+    assert by_dtype["nf4"] == measured["params"]["by_dtype"]["nf4"] == packed
+    assert packed < 0.6 * sum(s.numel() for s in shapes)  # ~0.52 byte per weight here
+    trainable = est["parameters"]["trainable"]
+    assert by_dtype["float32"] == 4 * trainable
+    unpacked = est["parameters"]["total"] - trainable - sum(s.numel() for s in shapes)
+    assert by_dtype["bfloat16"] == 2 * unpacked  # the vision tower, embeddings, norms
+    largest = max(s.numel() for s in shapes)  # dequantized for its matmul
+    assert est["transient"]["nf4_dequantize"] == dequantize_peak_bytes(largest, 2) == 14 * largest

@@ -26,9 +26,30 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
+def _packed(t: torch.Tensor) -> bool:
+    """A tensor subclass that holds its values in inner tensors (torchao's NF4 weight)."""
+    return (
+        type(t) is not torch.Tensor
+        and type(t) is not torch.nn.Parameter
+        and hasattr(t, "__tensor_flatten__")
+    )
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s storage: a packed subclass's inner tensors (4-bit codes, scales)."""
+    if _packed(t):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def dtype_name(t: torch.Tensor) -> str:
-    """``torch.float32`` -> ``float32``."""
-    return str(local_tensor(t).dtype).removeprefix("torch.")
+    """``torch.float32`` -> ``float32``; a packed subclass's lower-cased class name less
+    ``Tensor`` (``NF4Tensor`` -> ``nf4``)."""
+    local = local_tensor(t)
+    if _packed(local):
+        return type(local).__name__.removesuffix("Tensor").lower()
+    return str(local.dtype).removeprefix("torch.")
 
 
 class GroupMap:
@@ -60,7 +81,7 @@ def _new_category() -> dict[str, Any]:
 
 def _add(cat: dict[str, Any], t: torch.Tensor, group: str) -> None:
     local = local_tensor(t)
-    n = local.numel() * local.element_size()
+    n = tensor_bytes(local)
     if local.is_meta:  # no storage: a rank that waits for its weights (meta init)
         cat["meta"] += n
         return

@@ -4,6 +4,12 @@ The model is built on the meta device (no memory, no weights read) and ``[model]
 applied, so parameter shapes, dtypes and trainability are the run's own. With ``[peft]``
 (``hyper-train-peft``) the LoRA layers are injected as the run does: the frozen base weights
 have parameters only, the LoRA weights (and ``modules_to_save``) gradients and AdamW state too.
+With ``[peft] quantize = "nf4"`` each quantized linear weight of ``n`` elements quantized from
+``e``-byte values counts ``n/2 + n/64 + e·n/(64·s) + 17·e`` bytes (4-bit codes, int8 block
+scales, one factor per ``s = 256`` scales, their mean and the code table; ~0.516 byte per
+weight), by :func:`hyper_peft.quantize.nf4_bytes`; each matmul dequantizes its weight, so the
+largest one's ``(8 + 3e)·n`` (torchao's int64 codes, looked-up and scaled halves, the weight)
+is transient (:func:`hyper_peft.quantize.dequantize_peak_bytes`).
 
 **Model state** (exact): per parameter, its rank-local element count times its element size.
 Under a parameter-sharding strategy (``fsdp2``) with more than one rank, each parameter is
@@ -791,13 +797,16 @@ def state_bytes(
     rank: int = 0,
     ep: int = 1,
     experts: set[int] | None = None,
+    packed: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Predicted bytes of parameters, gradients, AdamW state and buffers on ``rank``.
 
     ``groups`` is the adapter's ``freeze_groups``; ``experts`` the ids of the expert weights
-    split over ``ep`` ranks; the result has the shape of
+    split over ``ep`` ranks; ``packed`` the bytes of the frozen weights stored 4-bit
+    (``[peft] quantize``, counted as ``nf4``); the result has the shape of
     :func:`hyper_memory_profiler.accounting.account`'s.
     """
+    packed = packed or {}
     experts = experts or set()
     from .accounting import CATEGORIES, GroupMap
 
@@ -818,6 +827,9 @@ def state_bytes(
         dtype = str(p.dtype).removeprefix("torch.")
         split = ep if id(p) in experts else 1
         nbytes = _local_numel(p, shards, rank, split) * p.element_size()
+        if name in packed:  # its share of the packed bytes
+            dtype = "nf4"
+            nbytes = packed[name] * _local_numel(p, shards, rank, split) // max(p.numel(), 1)
         add("params", nbytes, dtype, group)
         if p.requires_grad:
             add("grads", nbytes, dtype, group)
@@ -990,7 +1002,8 @@ def estimate_model(
         batch = default_batch(config, adapter, shape, model)
     groups = adapter.freeze_groups(model)
     experts = expert_parameter_ids(model, adapter) if layout.ep > 1 else set()
-    state = state_bytes(model, groups, layout.param_shards, rank, layout.ep, experts)
+    packed = quantized_parameter_bytes(model, adapter, config)
+    state = state_bytes(model, groups, layout.param_shards, rank, layout.ep, experts, packed)
     if batch.label_tokens is not None:  # counted: the share of this micro-batch
         label_fraction = batch.label_tokens / max(batch.tokens - batch.padding, 1)
     batch = batch.with_labels(label_fraction)
@@ -1017,6 +1030,11 @@ def estimate_model(
             "logits_grad": F * shape.vocab * loss.rows,
         }
     transient["recompute"] = acts.pop("recompute")
+    if packed:  # one NF4 weight dequantized for its matmul at a time: the largest
+        from hyper_peft.quantize import dequantize_peak_bytes
+
+        largest = max((model.get_parameter(n) for n in packed), key=lambda p: p.numel())
+        transient["nf4_dequantize"] = dequantize_peak_bytes(largest.numel(), largest.element_size())
     if layout.param_shards > 1:
         unit = max(shape.unit_numels, default=0)
         if experts:  # a unit gathers only its E / ep experts
@@ -1056,6 +1074,17 @@ def estimate_model(
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         },
     )
+
+
+def quantized_parameter_bytes(model: Any, adapter: Any, config: Any) -> dict[str, int]:
+    """``{name: bytes}`` of the frozen weights ``[peft] quantize = "nf4"`` stores in NF4
+    (:func:`hyper_peft.quantize.nf4_bytes`: ~0.516 byte per weight), none otherwise."""
+    peft = config.section("peft")
+    if peft is None or not peft.enabled or peft.quantize == "none":
+        return {}
+    from hyper_peft.quantize import nf4_parameter_bytes
+
+    return nf4_parameter_bytes(model, adapter)
 
 
 def build_meta_model(config: Any, adapter: Any) -> Any:

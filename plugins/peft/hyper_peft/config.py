@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 import attrs
@@ -13,6 +14,8 @@ from hyper_core.errors import ConfigError
 PARTS = ("language", "vision", "projector")
 #: The ``target`` entry for every linear layer but the output head.
 ALL_LINEAR = "all-linear"
+#: How to install what ``quantize = "nf4"`` needs.
+INSTALL_HINT = "pip install 'hyper-train-peft[qlora]'"
 
 
 def _default(attribute: attrs.Attribute) -> Any:
@@ -83,6 +86,17 @@ class PeftConfig:
             "without autocast."
         ),
     )
+    quantize: Literal["none", "nf4"] = attrs.field(
+        default="none",
+        metadata=meta(
+            'QLoRA: `"nf4"` stores the frozen linear layers of the language model in 4-bit '
+            "NormalFloat (torchao's NF4, blocks of 64 with double-quantized scales, about 0.52 "
+            "byte per weight), dequantized to `base_dtype` (else [model] `dtype`) for each "
+            "matmul; the vision tower, projector, embeddings and output head stay in "
+            "`base_dtype`. Needs `pip install 'hyper-train-peft[qlora]'`; one process only "
+            "(no `ddp`/`fsdp2` over several ranks)."
+        ),
+    )
     init_from: str | None = attrs.field(
         default=None,
         metadata=meta(
@@ -93,6 +107,7 @@ class PeftConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.method is not None:
+            self._check_quantize()
             return
         changed = [
             a.name
@@ -108,6 +123,13 @@ class PeftConfig:
                         'set method = "lora" (or remove them)',
                     )
                 ]
+            )
+
+    def _check_quantize(self) -> None:
+        """NF4 needs torchao (looked up, not imported: validating stays torch-free)."""
+        if self.quantize == "nf4" and importlib.util.find_spec("torchao") is None:
+            raise ConfigError(
+                [("$.quantize", f"nf4 needs torchao, which is not installed; {INSTALL_HINT}")]
             )
 
     @property

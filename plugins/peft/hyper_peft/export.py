@@ -20,6 +20,7 @@ from typing import Any
 from hyper_core.errors import UserError
 
 from .lora import ADAPTER, LORA_MARK, apply_lora, saved_modules, saved_name
+from .quantize import dequantize_base, quantize_base
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -179,8 +180,9 @@ def trained_model(
 ) -> tuple[Any, Any]:
     """The adapter and the CPU model of a LoRA run's ``checkpoint`` (a DCP checkpoint or an
     adapter directory): the base rebuilt as the run built it (``[model] path``, or the seeded
-    random init of ``[model] config``), LoRA injected (``[peft] base_dtype`` applied) and the
-    trained weights loaded; with ``merge`` the adapters merged into the base layers."""
+    random init of ``[model] config``), LoRA injected (``[peft] base_dtype`` and ``quantize``
+    applied) and the trained weights loaded; with ``merge`` the base dequantized and the
+    adapters merged into its layers."""
     import torch
 
     from hyper_core.parallel.setup import seed_everything
@@ -192,6 +194,8 @@ def trained_model(
         seed_everything(config.run.seed, config.run.deterministic)
     model = adapter.build_model(config.model, device="cpu")
     apply_lora(model, adapter, cfg)
+    if cfg.quantize == "nf4":  # the base the adapters were trained on
+        quantize_base(model, adapter)
     params = _trainable(model)
     if (checkpoint / ADAPTER_WEIGHTS).is_file():
         trained = _read_adapter_dir(checkpoint, params)
@@ -201,6 +205,7 @@ def trained_model(
         for name, param in params.items():
             param.copy_(trained[name])
         if merge:
+            dequantize_base(model)  # an NF4 base: its 4-bit values, in base_dtype
             # a bf16 base ([peft] base_dtype) takes the update in [model] dtype, unrounded
             model.to(getattr(torch, config.model.dtype))
             merge_lora(model)

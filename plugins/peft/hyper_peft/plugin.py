@@ -34,11 +34,24 @@ def register_config_sections(register: Any) -> None:
 
 
 @hookimpl
-def build_callbacks(config: Any) -> PeftRun | None:
+def build_callbacks(config: Any, dist: Any) -> PeftRun | None:
     """A :class:`PeftRun` when ``[peft] method`` is set."""
     cfg = config.section(SECTION)
     if cfg is None or not cfg.enabled:
         return None
+    if cfg.quantize != "none" and dist.world_size > 1:
+        # the NF4 weights are made after the load, which several ranks do through rank 0's
+        # broadcast (ddp, fsdp2) or sharded reads (fsdp2): neither carries NF4 tensors yet
+        raise ConfigError(
+            [
+                (
+                    "$.peft.quantize",
+                    f"{cfg.quantize} runs on one process only, not on {dist.world_size} ranks "
+                    f'([parallel] strategy = "{config.parallel.strategy}"); use '
+                    'base_dtype = "bfloat16" without quantize on several ranks',
+                )
+            ]
+        )
     if config.checkpoint.export_hf and not config.checkpoint.save_final:
         # export_hf writes the adapter directory from the final checkpoint (export_checkpoint)
         raise ConfigError(
@@ -114,6 +127,12 @@ class PeftRun:
 
         model = yield
         self.targets = apply_lora(model, adapter, self.cfg)
+        if self.cfg.quantize == "nf4":
+            from .quantize import quantize_base
+
+            quantized = quantize_base(model, adapter)
+            if dist.is_main:
+                log.info("nf4: %d frozen linear layer(s) stored in 4 bits", len(quantized))
         if load.sharded_load:
             from .sharded import check_shardable
 
