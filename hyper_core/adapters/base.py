@@ -406,6 +406,18 @@ class MoEAdapter(Protocol):
         ...
 
 
+def routed_expert_parameter_ids(adapter: object, model: torch.nn.Module) -> set[int]:
+    """``id`` of every routed-expert parameter of ``adapter``'s MoE blocks in ``model`` (none
+    for a dense model or an adapter without the :class:`MoEAdapter` capability)."""
+    if not isinstance(adapter, MoEAdapter):
+        return set()
+    return {
+        id(p)
+        for block in adapter.moe_blocks(model)
+        for p in model.get_submodule(block.experts).parameters()
+    }
+
+
 def find_moe_blocks(
     model: torch.nn.Module,
     *,

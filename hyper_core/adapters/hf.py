@@ -574,24 +574,33 @@ class HFModelAdapter(ModelAdapter):
             text_params += head.weight.numel()  # tied: excluded with the table, still a matmul
         tokens = micro_batch.num_tokens
         text = 6.0 * text_params * tokens + self._attention_flops(model, micro_batch)
-        patches = self._vision_patches(model, micro_batch) if vision_params else 0
+        patches = self.vision_patches(model, micro_batch) if vision_params else 0
         return FlopsCount(text=text, vision=6.0 * vision_params * patches)
 
-    def _vision_patches(self, model: torch.nn.Module, micro_batch: MicroBatch) -> int:
-        """Patches the tower sees: from ``image_grid_thw`` (grid towers), else rows of the
-        pixel tensor (images, or tiles) × ``(image_size // patch_size)²`` of the vision config
-        (fixed-size towers; a size may be ``[height, width]``)."""
+    def vision_patches(self, model: torch.nn.Module, micro_batch: MicroBatch) -> int:
+        """Patches the tower sees in ``micro_batch``: from ``image_grid_thw`` (grid towers), else
+        rows of the pixel tensor (images, or tiles) × :meth:`fixed_image_patches` (fixed-size
+        towers)."""
         inputs = micro_batch.model_inputs
         grid = inputs.get("image_grid_thw")
         if grid is not None and len(grid):
             return int(grid.prod(dim=-1).sum())
         pixels = inputs.get(self.vision_input_keys[0])
+        per_image = self.fixed_image_patches(model)
+        if pixels is None or per_image is None or pixels.dim() != 4:
+            return 0
+        return len(pixels) * per_image
+
+    def fixed_image_patches(self, model: torch.nn.Module) -> int | None:
+        """Patches per image of a tower that resizes every image to one size
+        (``(image_size // patch_size)²`` of the vision config); None for a tower that takes
+        each image at its own size (a patch grid per image, Qwen-VL's)."""
         vc = getattr(model.config, "vision_config", None)
         size, patch = getattr(vc, "image_size", None), getattr(vc, "patch_size", None)
-        if pixels is None or not size or not patch or pixels.dim() != 4:
-            return 0
+        if not size or not patch:
+            return None
         sides = zip(_pair(size), _pair(patch), strict=True)
-        return len(pixels) * math.prod(int(s) // int(p) for s, p in sides)
+        return math.prod(int(s) // int(p) for s, p in sides)
 
     def _attention_flops(self, model: torch.nn.Module, micro_batch: MicroBatch) -> float:
         """Per sample, Σ nᵢ²: what ``varlen``/flash attention computes on a packed row (SDPA

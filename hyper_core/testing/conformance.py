@@ -127,8 +127,11 @@ def check_transform(t: AdapterUnderTest) -> str:
 
 def check_train_step(t: AdapterUnderTest) -> str:
     """A packed forward/backward gives a finite loss and finite gradients that reach the
-    embeddings (and the vision encoder); one optimizer step lowers the loss on that batch."""
+    embeddings, the vision encoder and every trainable parameter but routed experts; one
+    optimizer step lowers the loss on that batch."""
     import torch
+
+    from ..adapters.base import routed_expert_parameter_ids
 
     model = t.build_model()
     mb = t.micro_batch("packed")
@@ -141,6 +144,16 @@ def check_train_step(t: AdapterUnderTest) -> str:
     assert not bad, f"non-finite gradients: {bad[:3]}"
     embed = model.get_input_embeddings().weight
     assert embed.grad is not None and embed.grad.abs().sum() > 0, "no gradient at the embeddings"
+    experts = routed_expert_parameter_ids(t.adapter, model)  # a small batch need not reach all
+    unused = [
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and p.grad is None and id(p) not in experts
+    ]
+    assert not unused, (
+        f"trainable parameters that the loss never reaches (an unused head? set it off in the "
+        f"model config, or freeze it): {unused[:5]}{' ...' if len(unused) > 5 else ''}"
+    )
     plan = t.adapter.parallel_plan(model)
     if plan.vision_encoder is not None and mb.num_images:
         encoder = model.get_submodule(plan.vision_encoder.module)

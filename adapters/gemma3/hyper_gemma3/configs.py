@@ -39,6 +39,7 @@ TINY: dict[str, Any] = {
         "num_attention_heads": 2,
         "image_size": 64,
         "patch_size": 8,
+        "vision_use_head": False,  # as published: Gemma 3 reads the patch states, not a pooled head
     },
     "mm_tokens_per_image": 16,
     "boi_token_index": OFFLINE_IDS[BOI],

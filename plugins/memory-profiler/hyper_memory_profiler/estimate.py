@@ -32,6 +32,8 @@ query/key-value heads, ``d`` the head size:
 * each norm: RMSNorm ``F·w + F + r·w`` (fp32 input, ``rsqrt``, the normalised input),
   LayerNorm ``x·w + 2F`` (``x`` = 4 under autocast, else ``r``), plus its output as the next
   linear's input, ``c·w`` (under autocast one cast per reading linear: q, k, v → 3; gate, up → 2);
+  a norm whose output no linear reads (Gemma 3's post-attention and post-MLP norms, counted as
+  a decoder layer's norms beyond two) without that output;
 * attention, separate q/k/v (LM): ``c·(2·nh·d + 2·kv)`` (q, k, v, output) ``+ F·nh`` (log-sum-
   exp), ``kv = nh·d`` when the key/values are repeated for the kernel (SDPA with a mask, eager)
   else ``nkv·d``; SDPA with a mask (packed micro-batch of several samples, or padding) also
@@ -48,7 +50,8 @@ query/key-value heads, ``d`` the head size:
   ``c·h`` (one cast per reading linear under autocast) at ``n`` rows instead of ``T``;
 * per micro-batch once: token ids ``8`` bytes per token, labels ``8`` per logits row (+ a
   4-byte scalar; none chunked), the label-position mask ``1`` per token, RoPE
-  ``cos``/``sin`` ``2·d·r`` (LM) and ``2·d·F`` (vision) per position, the final norm, the
+  ``cos``/``sin`` ``2·d·r`` (LM; per layer type with its own table: Gemma 3's local and global)
+  and ``2·d·F`` (vision, for a tower with rotary embeddings) per position, the final norm, the
   logits (below), the image-token mask ``1`` byte per token, the pixel input
   ``c·patch_dim`` per patch, each patch merger ``norm(w) + c·2·w`` per patch.
 
@@ -101,8 +104,13 @@ unsharded gradients; under bf16 autocast of fp32 weights the bf16 weight copies 
 unit's in the recompute). The total adds everything, as if all were live at once
 (gradients and activations overlap only partly, so it is an upper bound in that respect).
 
+Vision patches per image come from the adapter (``vision_patches``): the ``image_grid_thw`` of
+a grid tower, or ``(image_size // patch_size)²`` of a tower that resizes every image
+(``fixed_image_patches``: SigLIP in Gemma 3, CLIP in LLaVA).
+
 The formula was calibrated against the saved-tensor measurement of transformers 5 Qwen2,
-Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (fp32 and bf16 autocast, SDPA); see the README.
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (fp32 and bf16 autocast, SDPA), and checked on a tiny
+Gemma 3 (``varlen``, within 25 %); see the README.
 """
 
 from __future__ import annotations
@@ -157,18 +165,24 @@ class BatchShape:
         return self.samples > self.rows or self.padding > 0
 
     @classmethod
-    def from_micro_batch(cls, mb: Any) -> BatchShape:
-        """The shape of a :class:`~hyper_core.batching.types.MicroBatch`."""
+    def from_micro_batch(cls, mb: Any, adapter: Any = None, model: Any = None) -> BatchShape:
+        """The shape of a :class:`~hyper_core.batching.types.MicroBatch`; its vision patches as
+        ``adapter`` counts them for ``model`` (``vision_patches``), else from
+        ``image_grid_thw``."""
         ids = mb.model_inputs["input_ids"]
         rows, seq_len = (1, int(ids.shape[0])) if ids.dim() == 1 else tuple(ids.shape[:2])
         grid = mb.model_inputs.get("image_grid_thw")
-        patches = int(grid.prod(dim=-1).sum()) if grid is not None and len(grid) else 0
+        if model is not None and hasattr(adapter, "vision_patches"):
+            patches = int(adapter.vision_patches(model, mb))
+        else:
+            patches = int(grid.prod(dim=-1).sum()) if grid is not None and len(grid) else 0
+        images = len(grid) if grid is not None else int(getattr(mb, "num_images", 0))
         return cls(
             rows=int(rows),
             seq_len=int(seq_len),
             samples=int(mb.num_samples),
             patches=patches,
-            images=len(grid) if grid is not None else 0,
+            images=images if patches else 0,
             padding=int(mb.num_padding),
             label_tokens=int(mb.num_loss_tokens),
         )
@@ -232,6 +246,8 @@ class StackShape:
     norm: str = "rms"  # rms | layer
     fused_qkv: bool = False
     qk_norm: bool = False
+    #: Norms of a unit whose output no linear reads (Gemma's post-attention and post-MLP norms).
+    extra_norms: int = 0
     experts_per_token: int = 0  # MoE: the routed experts per token (0: dense)
     experts: int = 0
 
@@ -249,6 +265,11 @@ class ModelShape:
     patch_dim: int = 0
     vision_window_index: bool = False
     vision_pos_interp: bool = False
+    #: Whether the tower applies rotary position embeddings (SigLIP's learned table does not).
+    vision_rope: bool = True
+    #: Rotary tables the decoder computes per forward: one per layer type with its own (Gemma 3:
+    #: local and global).
+    rope_tables: int = 1
     #: Parameter elements of each sharding unit (FSDP2 all-gather buffers).
     unit_numels: tuple[int, ...] = ()
     root_numel: int = 0
@@ -346,11 +367,13 @@ def _text_stack(model: Any, vision_path: str | None) -> StackShape:
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
     intermediate = int(getattr(cfg, "intermediate_size", 0) or 0)
     mlp_kind, qk_norm, norm = "gated", False, "rms"
-    experts = per_token = 0
+    experts = per_token = extra_norms = 0
     if layer is not None:
         attn = getattr(layer, "self_attn", None)
         qk_norm = attn is not None and hasattr(attn, "q_norm")
         norm = _norm_kind(getattr(layer, "input_layernorm", None))
+        norms = [m for m in layer.children() if "norm" in type(m).__name__.lower()]
+        extra_norms = max(0, len(norms) - 2)  # beyond the attention's and the MLP's input norms
         mlp = getattr(layer, "mlp", None)
         if mlp is not None and hasattr(mlp, "experts"):
             experts = int(getattr(cfg, "num_experts", 0) or 0)
@@ -369,6 +392,7 @@ def _text_stack(model: Any, vision_path: str | None) -> StackShape:
         mlp=mlp_kind,
         norm=norm,
         qk_norm=qk_norm,
+        extra_norms=extra_norms,
         experts=experts,
         experts_per_token=per_token,
     )
@@ -390,7 +414,7 @@ def _vision_stack(model: Any, path: str) -> tuple[StackShape, dict[str, Any]]:
         else:
             act = str(getattr(vc, "hidden_act", "gelu")).lower()
             mlp_kind = "quick_gelu" if "quick" in act else "gelu"
-        norm = _norm_kind(getattr(block, "norm1", None))
+        norm = _norm_kind(getattr(block, "norm1", None) or getattr(block, "layer_norm1", None))
         attn = getattr(block, "attn", None)
         fused = attn is not None and hasattr(attn, "qkv")
         qkv = getattr(attn, "qkv", None)
@@ -398,6 +422,7 @@ def _vision_stack(model: Any, path: str) -> tuple[StackShape, dict[str, Any]]:
             hidden = int(qkv.in_features)
     deepstack = getattr(visual, "deepstack_merger_list", None)
     merger = getattr(visual, "merger", None)
+    named = list(visual.named_modules())
     merger_norm_module = getattr(merger, "ln_q", None) or getattr(merger, "norm", None)
     patch = int(getattr(vc, "patch_size", 14))
     extra = {
@@ -409,6 +434,7 @@ def _vision_stack(model: Any, path: str) -> tuple[StackShape, dict[str, Any]]:
         * patch,
         "vision_window_index": getattr(vc, "window_size", None) is not None,
         "vision_pos_interp": hasattr(visual, "pos_embed"),
+        "vision_rope": any("rot" in n.lower() or "rope" in n.lower() for n, _ in named),
     }
     stack = StackShape(
         layers=int(getattr(vc, "depth", None) or vc.num_hidden_layers),
@@ -496,7 +522,10 @@ def model_shape(model: Any, adapter: Any, attn_implementation: str = "sdpa") -> 
     extra: dict[str, Any] = {}
     if vision_path is not None:
         vision, extra = _vision_stack(model, vision_path)
+    rotary = _first(model, "rotary_emb", exclude=vision_path)
+    rope_tables = len(getattr(rotary, "layer_types", None) or [None])
     return ModelShape(
+        rope_tables=rope_tables,
         text=text,
         vocab=int(cfg.vocab_size),
         attn_implementation=attn_implementation,
@@ -517,12 +546,16 @@ def _label_row_parts(model: Any, adapter: Any) -> tuple[str, ...]:
 # -- the activation formula ---------------------------------------------------------------------
 
 
+def norm_inner_bytes(width: int, kind: str, residual: int, prec: Precision) -> int:
+    """Saved bytes per token of one norm, without its output (see module doc)."""
+    if kind == "rms":
+        return F * width + F + residual * width
+    return (F if prec.autocast else residual) * width + 2 * F
+
+
 def norm_bytes(width: int, kind: str, residual: int, prec: Precision, readers: int) -> int:
     """Saved bytes per token of one norm and its output as linear input (see module doc)."""
-    if kind == "rms":
-        inner = F * width + F + residual * width
-    else:
-        inner = (F if prec.autocast else residual) * width + 2 * F
+    inner = norm_inner_bytes(width, kind, residual, prec)
     return inner + prec.compute_bytes * width * (readers if prec.autocast else 1)
 
 
@@ -547,6 +580,7 @@ def text_layer_bytes(stack: StackShape, prec: Precision, batch: BatchShape, impl
     readers2 = 2 if stack.mlp == "gated" else 1
     total = norm_bytes(h, stack.norm, prec.text_residual, prec, readers1)
     total += norm_bytes(h, stack.norm, prec.text_residual, prec, readers2)
+    total += stack.extra_norms * norm_inner_bytes(h, stack.norm, prec.text_residual, prec)
     if impl == "eager":
         probs = F * stack.heads * batch.seq_len
         if prec.autocast:
@@ -688,7 +722,7 @@ def activation_bytes(
         elif policy == "none" or (policy == "every_n" and (t.layers - 1) % every):
             parts["language_layers"] += label_rows_bytes(t, prec, shape.label_rows, tokens, n)
     if policy != "full":
-        parts["rope"] = 2 * t.head_dim * r * tokens
+        parts["rope"] = 2 * t.head_dim * r * tokens * shape.rope_tables
     # the final norm without its output, which the LM head saves for its rows (none chunked)
     head_input = 0 if loss.mode == "chunked" else c * t.hidden * n
     parts["final_norm"] = (norm_bytes(t.hidden, t.norm, r, prec, 1) - c * t.hidden) * tokens
@@ -711,7 +745,7 @@ def activation_bytes(
             v.layers, block, rv * v.hidden, selective_unit_bytes(v, prec, rv), vision_policy, every
         )
         parts["vision_blocks"] = vsaved * p
-        if vision_policy != "full":
+        if vision_policy != "full" and shape.vision_rope:
             parts["vision_rope"] = 2 * v.head_dim * F * p
         parts["vision_inputs"] = shape.patch_dim * c * p
         merger = norm_bytes(v.hidden, shape.merger_norm, rv, prec, 1) + 2 * c * v.hidden
@@ -779,15 +813,9 @@ def _local_numel(p: Any, shards: int, rank: int, ep: int = 1) -> int:
 def expert_parameter_ids(model: Any, adapter: Any) -> set[int]:
     """``id`` of every routed-expert weight of the adapter's MoE blocks (none for a dense
     model or an adapter without the ``MoEAdapter`` capability)."""
-    from hyper_core.adapters.base import MoEAdapter
+    from hyper_core.adapters.base import routed_expert_parameter_ids
 
-    if not isinstance(adapter, MoEAdapter):
-        return set()
-    return {
-        id(p)
-        for block in adapter.moe_blocks(model)
-        for p in model.get_submodule(block.experts).parameters()
-    }
+    return routed_expert_parameter_ids(adapter, model)
 
 
 def state_bytes(
@@ -909,7 +937,8 @@ def context_parallel_share(batch: BatchShape, cp: int) -> BatchShape:
 def default_batch(config: Any, adapter: Any, shape: ModelShape, model: Any) -> BatchShape:
     """The worst-case micro-batch of ``config``: ``micro_batch_size`` samples of
     ``max_seq_len`` tokens (one packed row, or that many padded rows), one image per sample of
-    ``[model] max_pixels`` (or the adapter's default) when the model has a vision tower."""
+    ``[model] max_pixels`` (or the adapter's default; a fixed-size tower's own size) when the
+    model has a vision tower."""
     mbs, seq = config.training.micro_batch_size, config.data.max_seq_len
     batching = (config.data.batching or getattr(adapter, "default_batching", "packed")).lower()
     packed = batching == "packed"
@@ -921,8 +950,13 @@ def default_batch(config: Any, adapter: Any, shape: ModelShape, model: Any) -> B
         merge = int(getattr(vc, "spatial_merge_size", 1))
         defaults = getattr(adapter, "image_defaults", None)
         max_pixels = config.model.max_pixels or getattr(defaults, "max_pixels", None)
-        per_image = max_pixels // (patch * patch) if max_pixels else seq * merge * merge // 2
-        per_image = min(per_image, seq * merge * merge)  # image tokens fit in the sample
+        sized = getattr(adapter, "fixed_image_patches", None)
+        fixed = sized(model) if sized is not None else None
+        if fixed is not None:  # every image resized to the tower's size
+            per_image = fixed
+        else:
+            per_image = max_pixels // (patch * patch) if max_pixels else seq * merge * merge // 2
+            per_image = min(per_image, seq * merge * merge)  # image tokens fit in the sample
         images, patches = mbs, mbs * per_image
     return BatchShape(rows=rows, seq_len=seq_len, samples=mbs, patches=patches, images=images)
 

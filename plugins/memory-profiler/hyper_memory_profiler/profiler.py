@@ -118,7 +118,9 @@ class RunProfiler:
             return
         self.current = {"step": step, "micro_batches": len(micro_batches)}
         if micro_batches:
-            self.current["batch"] = BatchShape.from_micro_batch(micro_batches[0]).__dict__
+            model = self._unwrap(trainer, trainer.model)
+            batch = BatchShape.from_micro_batch(micro_batches[0], trainer.adapter, model)
+            self.current["batch"] = batch.__dict__
         if self.detail_rows_step is None:
             self.detail_rows_step = step
         if self.cuda and self.cfg.snapshots and not self.recording:
