@@ -6,7 +6,7 @@ A test file is read like training data, by its extension (``.jsonl``/``.json``/`
 through the registered formats); relative image paths resolve against ``image_dir``, else the
 file's directory. A sample that cannot be used (bad JSON, a missing image) gets an ``error``
 line instead of a prediction. On several ranks, each predicts its contiguous share
-(:func:`~hyper_core.data.loader.rank_slice`) and rank 0 writes the lines in input order.
+(:func:`~hyper_core.data.step_loader.rank_slice`) and rank 0 writes the lines in input order.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ def build_dataloader(config: Any, datasets: Any, collate_fn: Any, dist: Any) -> 
     """A resumable, rank-sharded step loader for train (its steps shared among the ranks by
     tokens with ``[data] max_tokens_per_micro_batch``, regrouped within ``[data] buffer_size``
     steps); a single-pass loader for eval."""
-    from ..data.loader import StepLoader, StepSampler
+    from ..data.step_loader import StepLoader, StepSampler
     from ..trainer.trainer import check_batch_sizes
     from ..types import DataLoaders
 

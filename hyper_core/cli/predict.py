@@ -93,7 +93,7 @@ def _progress(total: int, enabled: bool) -> tuple[Callable[[int], None], Callabl
 def _predict_here(args: argparse.Namespace) -> int:
     import torch
 
-    from ..data.loader import rank_slice
+    from ..data.step_loader import rank_slice
     from ..generation import GenerationSettings
     from ..parallel.env import torchrun_env
     from ..predict import predict, prompt_sample, read_records, read_test_file, write_records

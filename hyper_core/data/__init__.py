@@ -37,7 +37,7 @@ from .tokenizer import CHATML_SPECIAL_TOKENS, build_offline_tokenizer, special_t
 
 if TYPE_CHECKING:
     from .dataset import DatasetSplits, Skipped, TransformedDataset
-    from .loader import StepBatch, StepLoader, StepSampler
+    from .step_loader import StepBatch, StepLoader, StepSampler
 
 
 class DatasetFormat(Protocol):
@@ -57,9 +57,9 @@ _LAZY = {
     "TransformedDataset": "dataset",
     "Skipped": "dataset",
     "DatasetSplits": "dataset",
-    "StepSampler": "loader",
-    "StepLoader": "loader",
-    "StepBatch": "loader",
+    "StepSampler": "step_loader",
+    "StepLoader": "step_loader",
+    "StepBatch": "step_loader",
 }
 
 

@@ -25,8 +25,8 @@ from hyper_core.batching.token_budget import (
 from hyper_core.cli import main
 from hyper_core.config import load_config_dict
 from hyper_core.data.dataset import TransformedDataset
-from hyper_core.data.loader import StepLoader, StepSampler
 from hyper_core.data.stats import Batching, BufferEffect, buffered_order
+from hyper_core.data.step_loader import StepLoader, StepSampler
 from hyper_core.errors import ConfigError
 from hyper_core.testing import read_metrics, run_tiny_training, tiny_text_config
 

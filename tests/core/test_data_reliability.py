@@ -24,7 +24,7 @@ from hyper_core.data.conversation import ImagePart, load_image, parse_conversati
 from hyper_core.data.dataset import Skipped, TransformedDataset
 from hyper_core.data.errors import SampleError
 from hyper_core.data.jsonl import JsonlOptions, format_source, load_jsonl_format, read_jsonl
-from hyper_core.data.loader import StepLoader, StepSampler
+from hyper_core.data.step_loader import StepLoader, StepSampler
 from hyper_core.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[2]

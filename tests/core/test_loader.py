@@ -15,7 +15,7 @@ from hyper_core.batching.padded import PaddedRuntime
 from hyper_core.batching.types import MicroBatch, SampleFeatures
 from hyper_core.data.dataset import TransformedDataset
 from hyper_core.data.errors import SampleError
-from hyper_core.data.loader import StepBatch, StepLoader, StepSampler
+from hyper_core.data.step_loader import StepBatch, StepLoader, StepSampler
 from hyper_core.errors import DataError
 
 
@@ -242,3 +242,15 @@ def test_on_error_raise_gives_a_clean_data_error(num_workers: int) -> None:
     with pytest.raises(DataError) as info:
         next(iter(loader))
     assert str(info.value) == "/d.jsonl:3: too_long: sample 2 is bad"
+
+
+def test_the_deprecated_module_warns_and_reexports() -> None:
+    import importlib
+    import sys
+
+    from hyper_core.data import step_loader
+
+    sys.modules.pop("hyper_core.data.loader", None)
+    with pytest.warns(DeprecationWarning, match="hyper_core.data.step_loader"):
+        old = importlib.import_module("hyper_core.data.loader")
+    assert old.StepLoader is step_loader.StepLoader and old.rank_slice is step_loader.rank_slice

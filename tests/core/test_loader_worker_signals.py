@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-from hyper_core.data.loader import _worker_init
+from hyper_core.data.step_loader import _worker_init
 
 
 def _worker() -> None:

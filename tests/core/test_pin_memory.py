@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hyper_core.batching.types import MicroBatch
-from hyper_core.data.loader import StepLoader, StepSampler, _PackedStep
+from hyper_core.data.step_loader import StepLoader, StepSampler, _PackedStep
 
 
 def _micro_batch(n: int) -> MicroBatch:

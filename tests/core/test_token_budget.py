@@ -24,8 +24,8 @@ from hyper_core.cli import main
 from hyper_core.config import load_config_dict
 from hyper_core.data.dataset import TransformedDataset
 from hyper_core.data.errors import SampleError
-from hyper_core.data.loader import StepBatch, StepLoader, StepSampler
 from hyper_core.data.stats import Batching, TokenBudget
+from hyper_core.data.step_loader import StepBatch, StepLoader, StepSampler
 from hyper_core.demo.text import ensure_text_demo
 from hyper_core.errors import ConfigError
 from hyper_core.hookspecs import hookimpl
