@@ -216,9 +216,10 @@ class EncoderBalancer:
         self.stats.micro_steps += 1
         images, context = self._images(kwargs)
         keys = self.record_keys
-        schema = Schema.of(keys, self._with_meta(images, context)) if images else None
+        described = self._with_meta(images, context)
+        schema = Schema.of(keys, described[0]) if described else None
         header = schema.header(len(images)) if schema is not None else [0] * Schema.header_len(keys)
-        records = schema.records(self._with_meta(images, context)) if schema is not None else []
+        records = schema.records(described) if schema is not None else []
         gathered = self._all_gather_objects((header, records))
         headers = [h for h, _ in gathered]
         if sum(h[0] for h in headers) == 0:
