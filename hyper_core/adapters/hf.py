@@ -155,6 +155,10 @@ class HFModelAdapter(ModelAdapter):
     model_class: ClassVar[str] = ""
     #: Patterns of the sharding units (decoder layers, vision blocks).
     sharding_units: ClassVar[tuple[str, ...]] = ()
+    #: Parameters the published model holds but its forward never uses (``fnmatch`` patterns
+    #: of names, e.g. LLaVA's CLIP ``post_layernorm``): conformance accepts them without a
+    #: gradient. Anything else without a gradient fails the ``train_step`` check.
+    unused_parameters: ClassVar[tuple[str, ...]] = ()
     #: Dotted paths of the groups for ``[model] freeze``.
     vision_module: ClassVar[str | None] = None
     projector_module: ClassVar[str | None] = None

@@ -38,6 +38,8 @@ class LlavaAdapter(HFModelAdapter):
         "model.language_model.layers.*",
         "model.vision_tower.encoder.layers.*",
     )
+    #: LLaVA reads a hidden layer of CLIP, never its final norm (kept as published).
+    unused_parameters = ("model.vision_tower.post_layernorm.*",)
     vision_module = "model.vision_tower"
     projector_module = "model.multi_modal_projector"
     language_module = "model.language_model"
