@@ -157,7 +157,8 @@ def check_train_step(t: AdapterUnderTest) -> str:
     ]
     assert not unused, (
         f"trainable parameters that the loss never reaches (an unused head? set it off in the "
-        f"model config, or declare it in the adapter's unused_parameters): {unused[:5]}{' ...' if len(unused) > 5 else ''}"
+        f"model config, or declare it in the adapter's unused_parameters): {unused[:5]}"
+        f"{' ...' if len(unused) > 5 else ''}"
     )
     plan = t.adapter.parallel_plan(model)
     if plan.vision_encoder is not None and mb.num_images:
