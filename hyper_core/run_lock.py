@@ -3,6 +3,9 @@
 The kernel releases a ``flock`` when its process dies (even by SIGKILL), so a lock file left by
 a killed run never blocks the next one: only a live holder does. The file holds the holder's
 pid, host and start time, for the message a second run prints.
+
+A ``flock`` belongs to the open file, which a forked child (a data-loader worker) shares: the
+child closes its copy at fork, so a worker that outlives a killed run does not hold the lock.
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
+        os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: close the inherited descriptor (the parent keeps the lock)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def release(self) -> None:
         """Give the lock back (the file stays: removing it would race with a new holder)."""

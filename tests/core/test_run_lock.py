@@ -3,6 +3,7 @@ file never blocks the next run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,18 @@ _HOLD = (
     "import sys, time\n"
     "from hyper_core.run_lock import RunLock\n"
     "RunLock(sys.argv[1]).acquire()\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+_HOLD_AND_FORK = (
+    "import os, sys, time\n"
+    "from hyper_core.run_lock import RunLock\n"
+    "RunLock(sys.argv[1]).acquire()\n"
+    "if os.fork() == 0:\n"
+    "    time.sleep(300)\n"
+    "    os._exit(0)\n"
     "print('locked', flush=True)\n"
     "time.sleep(300)\n"
 )
@@ -74,6 +87,33 @@ def test_a_lock_left_by_a_killed_run_does_not_block(
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == holder.pid  # the stale file
     with RunLock(out):
         assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_a_forked_child_outliving_a_killed_run_does_not_hold_the_lock(tmp_path: Path) -> None:
+    """A data-loader worker forked by rank 0 may outlive its SIGKILLed parent for seconds."""
+    out = tmp_path / "run"
+    out.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_AND_FORK, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    child = None
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        (child,) = (int(pid) for pid in children.read_text().split())
+        with pytest.raises(UserError, match=f"pid {proc.pid} "):
+            RunLock(out).acquire()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        os.kill(child, 0)  # the forked child is still alive
+        with RunLock(out):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_the_lock_is_given_back_when_the_with_block_ends(tmp_path: Path) -> None:
