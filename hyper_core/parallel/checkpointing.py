@@ -168,25 +168,34 @@ def checkpointed_units(names: list[str], policy: Policy, every: int = 2) -> list
     return list(names)
 
 
-def _checkpointed_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """A checkpointed unit's ``forward`` (bound to the unit, so a deep copy rebinds it)."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
+@attrs.frozen
+class CheckpointedForward:
+    """A checkpointed unit's ``forward``: the class's own ``forward`` run under non-reentrant
+    ``torch.utils.checkpoint``. Bound to the unit as a method, so a deep copy of the model
+    rebinds it to the copy; the policy lives here, not in attributes of the unit."""
 
-    forward = self._hyper_unwrapped_forward
-    # Without gradients (evaluation, generation) there is no backward to replay.
-    if not (self.training and torch.is_grad_enabled()):
-        return forward(*args, **kwargs)
-    extra = {"context_fn": _selective_contexts} if self._hyper_checkpoint == "selective" else {}
-    return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, **extra)
+    unwrapped: Callable[..., Any]
+    policy: Policy
+
+    def __call__(self, unit: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        forward = functools.partial(self.unwrapped, unit)
+        # Without gradients (evaluation, generation) there is no backward to replay.
+        if not (unit.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        extra = {"context_fn": _selective_contexts} if self.policy == "selective" else {}
+        return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False, **extra)
 
 
 def _checkpoint_forward(module: torch.nn.Module, policy: Policy) -> None:
     if unit_policy(module) != "none":
         return  # applied already
-    module._hyper_unwrapped_forward = module.forward
-    module._hyper_checkpoint = policy
-    module.forward = types.MethodType(_checkpointed_forward, module)
+    bound = module.forward  # the class's, or a wrapper's bound to this module before us
+    ours = getattr(bound, "__self__", None) is module
+    unwrapped = bound.__func__ if ours else type(module).forward
+    module.forward = types.MethodType(CheckpointedForward(unwrapped, policy), module)
     # A transformers layer with its own flag set would checkpoint a second time inside ours.
     if getattr(module, "gradient_checkpointing", False):
         module.gradient_checkpointing = False
@@ -244,4 +253,5 @@ def apply_activation_checkpointing(
 def unit_policy(module: torch.nn.Module) -> Policy:
     """How :func:`apply_activation_checkpointing` left ``module``: ``full`` (recomputed
     whole), ``selective`` or ``none``."""
-    return module.__dict__.get("_hyper_checkpoint", "none")
+    wrapped = getattr(module.__dict__.get("forward"), "__func__", None)
+    return wrapped.policy if isinstance(wrapped, CheckpointedForward) else "none"

@@ -25,11 +25,35 @@ def _is_contract_name(node: ast.expr) -> bool:
     return False
 
 
+def _is_foreign_hyper_attribute(node: ast.expr) -> bool:
+    """``obj._hyper_x`` / ``obj.hyper_train_x`` on an object other than ``self`` / ``cls``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr.lstrip("_").startswith("hyper_")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )
+
+
 def contract_attributes(tree: ast.AST) -> list[tuple[int, str]]:
-    """``(line, code)`` of each attribute access by constant name in ``tree``."""
+    """``(line, code)`` of each attribute access by constant name in ``tree``, each
+    ``hyper_*`` attribute set on an object the code does not own, and each lookup of one in an
+    object's ``__dict__``."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
-        if (
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_foreign_hyper_attribute(t) for t in targets):
+                found.append((node.lineno, ast.unparse(node)))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "__dict__"
+            and node.args
+            and _is_contract_name(node.args[0])
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+        elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id in ATTRIBUTE_CALLS
@@ -67,5 +91,8 @@ def test_the_check_sees_each_form_of_the_old_contracts() -> None:
         "ddp.__dict__[_PENDING] = finish\n"
         "setattr(target, leaf, value)\n"  # a module path being assigned: not a contract
         "getattr(config, 'num_attention_heads', None)\n"
+        "module._hyper_checkpoint = policy\n"
+        "policy = module.__dict__.get('_hyper_checkpoint', 'none')\n"
+        "self._hyper_state = {}\n"  # the object's own attribute: not a contract
     )
-    assert [line for line, _ in contract_attributes(ast.parse(code))] == [1, 2, 3, 4]
+    assert sorted(line for line, _ in contract_attributes(ast.parse(code))) == [1, 2, 3, 4, 7, 8]
