@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} .venv/bin/pytest -q "$@"
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} .venv/bin/pytest -q --durations=40 "$@"
