@@ -14,15 +14,19 @@ from hyper_core import hookimpl
 
 
 def micro_steps_per_step(trainer: Any) -> int:
-    """Micro-batches per rank per step (``G / (world × micro)``)."""
+    """Micro-batches per rank per step, ``G / (dp × micro)``: the ``cp`` ranks of a group read
+    the same micro-batches (``G / (world × micro)`` would snapshot mid-accumulation)."""
     t = trainer.config.training
-    return t.global_batch_size // (trainer.dist.world_size * t.micro_batch_size)
+    return t.global_batch_size // (trainer.dist.dp_size * t.micro_batch_size)
 
 
 @hookimpl
 def on_micro_step_end(trainer: Any, state: Any, micro_step: int, loss: Any) -> None:
     """Snapshot the gradients after the step's last backward."""
-    if micro_step != micro_steps_per_step(trainer) - 1:
+    last = micro_steps_per_step(trainer) - 1
+    if micro_step > last:  # a snapshot taken before this backward would be a partial sum
+        raise AssertionError(f"ep_probe expected {last + 1} micro-steps per step, got more")
+    if micro_step != last:
         return
     grads = {}
     for name, param in trainer.unwrapped_model.named_parameters():
