@@ -309,7 +309,9 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.action == "show":
         return cmd_data_show(args, config, host)
     world = (args.nproc_per_node or 1) * NodeRange.parse(args.nnodes).min
-    stats = data_stats(config, host, limit=args.samples, world_size=world)
+    # The ranks of a context-parallel group read the same samples (checked to divide).
+    dp = max(world // config.parallel.cp, 1)
+    stats = data_stats(config, host, limit=args.samples, world_size=dp)
     print(json.dumps(stats.to_json(), indent=2) if args.json else stats.render())
     reason = stats.no_usable_reason()
     if reason is not None:

@@ -156,6 +156,19 @@ def test_world_size_divides_the_micro_batches(
     assert report["padding"]["padded"]["micro_batches"] == 4
 
 
+def test_context_parallel_ranks_share_their_micro_batches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks of one ``cp = 2`` group read the same rows: one data-parallel rank's count."""
+    data = write_data(tmp_path / "train.jsonl", 32, {})
+    cp = ["--parallel.strategy=fsdp2", "--parallel.cp=2", "--model.attn_implementation=varlen"]
+    code, out, err = stats(capsys, f"--data.train={data}", *cp, "--nproc-per-node", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["batching"]["world_size"] == 1
+    assert report["batching"]["micro_batches_per_step"] == 2  # 16 = 8 × 2 × 1
+
+
 @pytest.mark.parametrize("multiple", [1, 8])
 @pytest.mark.parametrize("world", [1, 2])
 def test_predicted_padding_matches_the_runtimes(tmp_path: Path, multiple: int, world: int) -> None:
