@@ -145,6 +145,13 @@ def test_export_crops_as_training(tmp_path: Path) -> None:
     assert stock["input_ids"][0].tolist() == features.input_ids.tolist()
     assert torch.equal(stock["pixel_values"], features.media["pixel_values"])
 
+    # training on from the export: the options decide, whatever the saved config says
+    for options, crops in ((SMALL_CROPS, [0, 4]), ({}, [0, 0])):
+        config = t.model_config(path=str(out), config=None, options=options)
+        assets = t.adapter.build_assets(config)
+        resumed = t.adapter.transform(sample, assets, max_seq_len=t.max_seq_len)
+        assert resumed.image_meta["num_crops"].tolist() == crops
+
 
 @pytest.mark.parametrize(
     ("options", "message"),
