@@ -20,6 +20,7 @@ from hyper_core.errors import ConfigError
 from hyper_core.plugins.manager import PluginHost
 from hyper_core.testing.conformance import (
     AdapterUnderTest,
+    check_one_pass_tokens,
     check_packed_equals_padded,
     check_train_step,
     check_vision_encoder,
@@ -97,8 +98,9 @@ def test_training_inputs_equal_stock_processor(tmp_path: Path) -> None:
 
 
 def test_training_with_crops(tmp_path: Path) -> None:
-    """The kit's samples with crops: a step lowers the loss, packed = padded, and the
-    encoder's per-image calls (encoder parallelism's) give the whole batch's features."""
+    """The kit's samples with crops: a step lowers the loss, packed = padded, the encoder's
+    per-image calls (encoder parallelism's) give the whole batch's features, and training's ids
+    are the saved chat template's with each image expanded."""
     t = subject(SMALL_CROPS, tmp_path)
     crops = [f.image_meta["num_crops"].tolist() for f in t.features() if f.num_images]
     assert crops == [[2], [0, 4]]
@@ -107,6 +109,7 @@ def test_training_with_crops(tmp_path: Path) -> None:
     check_train_step(t)
     check_packed_equals_padded(t)
     check_vision_encoder(t)
+    check_one_pass_tokens(t)  # each image expanded with its own crop count
 
 
 def test_export_crops_as_training(tmp_path: Path) -> None:

@@ -85,8 +85,8 @@ class Gemma3Processor(ImageTextProcessor):
 
     def expand_image(self, num_tokens: int, metadata: Mapping[str, Any]) -> list[int]:
         """One block without crops; with ``num_crops`` crops, stock ``Gemma3Processor``'s text
-        with the original's block and then one block per crop (no ``num_crops``: none)."""
-        crops = int(metadata.get("num_crops", 0))
+        with the original's block and then one block per crop."""
+        crops = int(metadata["num_crops"])
         if not crops:
             return self.image_token_ids(num_tokens)
         block = self.image_token_ids(num_tokens // (1 + crops))
