@@ -13,6 +13,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..adapters.processor import ImageTextProcessor
+    from ..data.conversation import Conversation
     from .conformance_fixture import AdapterUnderTest
 
 #: Tokens shown on each side of the first difference.
@@ -79,7 +81,7 @@ def template_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation: 
     return [int(i) for i in out]
 
 
-def image_expansions(processor: Any, conversation: Any) -> list[list[int]]:
+def image_expansions(processor: ImageTextProcessor, conversation: Conversation) -> list[list[int]]:
     """Each image's ids as training expands them: ``processor.expand_image`` of its feature
     count and its per-image metadata (a crop count, a tile grid), from ``process_images`` of
     the conversation's images."""
