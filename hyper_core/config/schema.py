@@ -154,7 +154,8 @@ class ModelConfig(_Section):
         metadata=meta(
             "The adapter's own options (`[model.options]`), checked against the attrs class it "
             "declares (`ModelAdapter.options`, listed in its README), e.g. Qwen-VL's "
-            "`max_image_tokens = 256`. An adapter that declares none takes none."
+            "`max_image_tokens = 256` or Gemma 3's `pan_and_scan = true`. An adapter that "
+            "declares none takes none."
         ),
     )
 

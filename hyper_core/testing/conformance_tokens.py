@@ -10,10 +10,11 @@ difference (:func:`describe_difference`) shows the ids and token strings around 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..adapters.processor import ImageTextProcessor
+    from ..data.conversation import Conversation
     from .conformance_fixture import AdapterUnderTest
 
 #: Tokens shown on each side of the first difference.
@@ -80,25 +81,38 @@ def template_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation: 
     return [int(i) for i in out]
 
 
+def image_expansions(processor: ImageTextProcessor, conversation: Conversation) -> list[list[int]]:
+    """Each image's ids as training expands them: ``processor.expand_image`` of its feature
+    count and its per-image metadata (a crop count, a tile grid), from ``process_images`` of
+    the conversation's images."""
+    from ..data.conversation import load_images
+
+    images = load_images(conversation)
+    if not images:
+        return []
+    output = dict(processor.process_images(images))
+    counts = processor.image_token_counts(output)
+    metadata = processor.image_metadata(output, len(counts))
+    return [[int(i) for i in processor.expand_image(n, m)] for n, m in zip(counts, metadata)]
+
+
 def expand_placeholders(
-    stock: Sequence[int], training: Sequence[int], processor: Any
+    stock: Sequence[int], expansions: Sequence[Sequence[int]], processor: Any
 ) -> list[int] | None:
-    """``stock`` with each image placeholder's ids replaced by the processor's expansion
-    (:meth:`~hyper_core.adapters.processor.ImageTextProcessor.expand_image`, its feature count
-    the next run of image tokens in ``training``): what a stock processor tokenises when its
-    expansion adds tokens around the image tokens (Gemma 3's ``\n\n``/``<end_of_image>``).
-    None without a placeholder."""
+    """``stock`` with the ``k``-th image placeholder's ids replaced by ``expansions[k]``
+    (:func:`image_expansions`): what a stock processor tokenises when its expansion adds
+    tokens around the image tokens (Gemma 3's ``\n\n``/``<end_of_image>``, its pan-and-scan
+    text). None without a placeholder."""
     image_id = getattr(processor, "image_token_id", None)
     placeholder = getattr(processor, "image_placeholder", None)
     if image_id is None or not placeholder:
         return None
     p_ids = [int(i) for i in processor.tokenizer.encode(placeholder, add_special_tokens=False)]
-    runs = [len(list(g)) for key, g in groupby(int(i) for i in training) if key == image_id]
     out: list[int] = []
     i = k = 0
     while i < len(stock):
-        if k < len(runs) and list(stock[i : i + len(p_ids)]) == p_ids:
-            out += [int(x) for x in processor.expand_image(runs[k], {})]
+        if k < len(expansions) and list(stock[i : i + len(p_ids)]) == p_ids:
+            out += [int(x) for x in expansions[k]]
             i += len(p_ids)
             k += 1
         else:
@@ -114,11 +128,14 @@ def assert_one_pass(
     tokenizer: Any,
     image_ids: Collection[int] = (),
     processor: Any = None,
+    expansions: Sequence[Sequence[int]] = (),
 ) -> None:
     """``AssertionError`` unless training's ids (images collapsed) equal the template's, or,
-    with ``processor``, equal the template's with each placeholder expanded
-    (:func:`expand_placeholders`)."""
-    if processor is not None and list(training) == expand_placeholders(stock, training, processor):
+    with ``processor``, equal the template's with each placeholder replaced by its image's
+    ``expansions`` (:func:`expand_placeholders`)."""
+    if processor is not None and list(training) == expand_placeholders(
+        stock, expansions, processor
+    ):
         return
     diff = describe_difference(
         _collapse(training, image_ids),
@@ -133,7 +150,7 @@ def check_one_pass_tokens(t: AdapterUnderTest) -> str:
     """Training's ids (the transform's, and the generation prompt's) equal
     ``apply_chat_template(..., tokenize=True)`` of the saved chat template on each sample and
     on :data:`EDGE_SAMPLES`, each image's expansion compared as its placeholder (or the
-    placeholder expanded as the processor does, :func:`expand_placeholders`)."""
+    placeholder expanded as the processor does for that image, :func:`expand_placeholders`)."""
     from ..data.conversation import parse_conversation
 
     tokenizer = t.assets.tokenizer
@@ -152,11 +169,12 @@ def check_one_pass_tokens(t: AdapterUnderTest) -> str:
         conversation = parse_conversation(sample)
         trained = t.adapter.transform(sample, t.assets, max_seq_len=t.max_seq_len)
         stock = template_ids(tokenizer, conversation.to_messages(), generation=False)
-        assert_one_pass(
-            f"sample {i}", trained.input_ids.tolist(), stock, tokenizer, image_ids, processor
-        )
+        images = [] if processor is None else image_expansions(processor, conversation)
+        found = trained.input_ids.tolist()
+        assert_one_pass(f"sample {i}", found, stock, tokenizer, image_ids, processor, images)
         prompt, _ = conversation.prompt_and_answer()
         ids = t.adapter.generation_prompt(prompt, t.assets).features.input_ids.tolist()
         stock = template_ids(tokenizer, prompt.to_messages(), generation=True)
-        assert_one_pass(f"sample {i}'s prompt", ids, stock, tokenizer, image_ids, processor)
+        what = f"sample {i}'s prompt"
+        assert_one_pass(what, ids, stock, tokenizer, image_ids, processor, images)
     return f"{len(samples)} conversations and their prompts"

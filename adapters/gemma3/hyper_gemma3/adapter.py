@@ -15,6 +15,8 @@ from hyper_core.adapters.base import ModelAssets
 from hyper_core.adapters.hf import HFModelAdapter
 
 from .configs import NAMED_CONFIGS
+from .options import Gemma3Options
+from .processor import NUM_TILES
 from .tokens import CHAT_FORMAT
 
 if TYPE_CHECKING:
@@ -40,11 +42,15 @@ class Gemma3Adapter(HFModelAdapter):
     projector_module = "model.multi_modal_projector"
     language_module = "model.language_model"
     vision_input_keys = ("pixel_values",)
+    #: Each image's tiles (itself and its pan-and-scan crops) are rows of ``pixel_values``.
+    vision_tile_key = NUM_TILES
     vision_features_concatenated = True
     chat_format = CHAT_FORMAT
+    options: ClassVar[type[Gemma3Options]] = Gemma3Options
 
     def build_assets(self, model_config: ModelConfig) -> ModelAssets:
-        """Tokenizer from ``path`` when it has one, else the offline one; the PIL processor."""
+        """Tokenizer from ``path`` when it has one, else the offline one; the PIL processor with
+        ``[model.options]``' pan-and-scan."""
         from hyper_core.builtin.hf_causal_lm import has_tokenizer_files, load_local_tokenizer
 
         from .processor import Gemma3Processor, build_image_processor
@@ -58,7 +64,11 @@ class Gemma3Adapter(HFModelAdapter):
         else:
             tokenizer = build_demo_tokenizer()
         processor = Gemma3Processor(
-            build_image_processor(cfg.vision_config, model_config.path), tokenizer, cfg
+            build_image_processor(
+                cfg.vision_config, model_config.path, self.parse_options(model_config)
+            ),
+            tokenizer,
+            cfg,
         )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         return ModelAssets(tokenizer=tokenizer, processor=processor, pad_token_id=int(pad))
