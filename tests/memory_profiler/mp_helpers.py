@@ -22,18 +22,22 @@ def _vl_available() -> bool:
 VL = _vl_available()
 
 
-def write_config(path: pathlib.Path, output_dir: pathlib.Path, *, extra: str = "") -> pathlib.Path:
-    """A tiny VL config (text tiny when hyper-train-qwen-vl is missing), profiler enabled."""
-    if VL:
+QWEN_TINY = 'adapter = "qwen2_5_vl"\nconfig = "tiny"\n'
+
+
+def write_config(
+    path: pathlib.Path, output_dir: pathlib.Path, *, extra: str = "", model: str | None = None
+) -> pathlib.Path:
+    """A tiny VL config on shapes (text tiny when hyper-train-qwen-vl is missing and no
+    ``model`` section body is given); ``extra`` is appended (e.g. :data:`PROFILER_ON`)."""
+    if VL or model is not None:
         body = f"""\
 [run]
 output_dir = "{output_dir}"
 seed = 0
 
 [model]
-adapter = "qwen2_5_vl"
-config = "tiny"
-
+{model or QWEN_TINY}
 [data]
 train = {{ format = "shapes", num_samples = 24, image_size = 56 }}
 max_seq_len = 256

@@ -7,43 +7,15 @@ import json
 from typing import Any
 
 import pytest
-from mp_helpers import PROFILER_ON, run_in_process
+from mp_helpers import PROFILER_ON, run_in_process, write_config
 
-CONFIG = """\
-[run]
-output_dir = "{out}"
-seed = 0
-
-[model]
-adapter = "gemma3"
-config = "tiny"
-attn_implementation = "varlen"
-
-[data]
-train = {{ format = "shapes", num_samples = 24, image_size = 56 }}
-max_seq_len = 256
-batching = "packed"
-shuffle = false
-
-[training]
-steps = 3
-global_batch_size = 4
-micro_batch_size = 2
-lr = 1e-3
-
-[checkpoint]
-resume = "none"
-
-[logging]
-every_steps = 1
-"""
+GEMMA3_TINY = 'adapter = "gemma3"\nconfig = "tiny"\nattn_implementation = "varlen"\n'
 
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("gemma3")
-    config = root / "gemma3.toml"
-    config.write_text(CONFIG.format(out=root / "out") + PROFILER_ON)
+    config = write_config(root / "gemma3.toml", root / "out", extra=PROFILER_ON, model=GEMMA3_TINY)
     trainer = run_in_process(config)
     summary = json.loads((root / "out" / "memory" / "summary.json").read_text())
     return {"config": config, "summary": summary, "trainer": trainer}
