@@ -261,6 +261,10 @@ class _FallbackProcessor:
     def __call__(self, *, text: list[str], images: Any, return_tensors: str) -> dict[str, Any]:
         vision = dict(self.image_processor(images=images, return_tensors=return_tensors))
         counts = self.trained.image_token_counts(vision) if images else []
+        # Each image's metadata (a crop count, a tile grid) as training reads it: a stock image
+        # processor may not return every key the trained processor derives.
+        trained_output = self.trained.process_images(images) if images else {}
+        metadata = self.trained.image_metadata(trained_output, len(counts)) if images else []
         from ..adapters.processor import find_placeholders
         from ..data.chat import tokenize_rendered
 
@@ -272,7 +276,7 @@ class _FallbackProcessor:
         )
 
         def expand(k: int, _part: Any) -> list[int]:
-            return [int(i) for i in self.trained.image_token_ids(counts[k])]
+            return [int(i) for i in self.trained.expand_image(counts[k], metadata[k])]
 
         ids, _, _ = tokenize_rendered(self.tokenizer, text[0], [], found, expand)
         import torch
