@@ -130,7 +130,7 @@ def test_one_rank_is_a_no_op(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     trains bit-identically, and enabling says so once."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # like each rank (tests/conftest.py gives the count back)
     data = write_dataset(tmp_path / "data", "skew")
     sections: dict[str, dict[str, Any]] = {"training": {"steps": 2}}
     runs = {
