@@ -105,17 +105,17 @@ def test_lora_estimate_is_below_full_fine_tuning(tmp_path: Path) -> None:
     assert rows["lora"]["optimizer"] < rows["full"]["optimizer"] / 3
 
 
-def test_a_bf16_base_is_measured_as_estimated(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``[peft] base_dtype = "bfloat16"``: the profiler measures the frozen base in bf16 and the
-    LoRA weights, gradients and AdamW state in fp32, as the estimate counts them."""
+def _profiled_and_estimated(
+    tmp_path: Path, name: str, extra: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Train the tiny config with ``extra`` under the profiler, then estimate it at the batch
+    the profiler measured: ``(trainer, estimate, measured state)``, after asserting that the
+    estimate's per-rank state equals the measurement."""
     from hyper_core.cli import main
     from hyper_memory_profiler.report import first_measured_step, measured_state
 
-    extra = PROFILER_ON + PEFT + 'base_dtype = "bfloat16"\n'
-    config = write_config(tmp_path / "lora.toml", tmp_path / "out", extra=extra)
-    run_in_process(config)
+    config = write_config(tmp_path / f"{name}.toml", tmp_path / "out", extra=extra)
+    trainer = run_in_process(config)
     record = json.loads((tmp_path / "out" / "memory" / "summary.json").read_text())["ranks"][0]
     batch = first_measured_step(record)["batch"]
     argv = ["memory", "estimate", str(config), "--json"]
@@ -127,6 +127,16 @@ def test_a_bf16_base_is_measured_as_estimated(
     measured = measured_state(record)
     for key in ("params", "grads", "optimizer", "buffers"):
         assert est["per_rank"][key] == measured[key]["total"], key
+    return trainer, est, measured
+
+
+def test_a_bf16_base_is_measured_as_estimated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[peft] base_dtype = "bfloat16"``: the profiler measures the frozen base in bf16 and the
+    LoRA weights, gradients and AdamW state in fp32, as the estimate counts them."""
+    extra = PROFILER_ON + PEFT + 'base_dtype = "bfloat16"\n'
+    _, est, _ = _profiled_and_estimated(tmp_path, "lora", extra, capsys)
     trainable = est["parameters"]["trainable"]
     by_dtype = est["state"]["params"]["by_dtype"]
     assert by_dtype == {
@@ -142,24 +152,10 @@ def test_an_nf4_base_is_measured_as_estimated(
     """``[peft] quantize = "nf4"``: the profiler measures the NF4 weights' packed bytes (codes,
     block scales, factors) as the estimate counts them, ``n/2 + n/64 + e·n/(64·s) + 17·e`` per
     weight of ``n`` elements quantized from ``e``-byte values; the rest as without it."""
-    from hyper_core.cli import main
-    from hyper_memory_profiler.report import first_measured_step, measured_state
     from hyper_peft.quantize import dequantize_peak_bytes, nf4_bytes, nf4_modules
 
     extra = PROFILER_ON + PEFT + 'base_dtype = "bfloat16"\nquantize = "nf4"\n'
-    config = write_config(tmp_path / "qlora.toml", tmp_path / "out", extra=extra)
-    trainer = run_in_process(config)
-    record = json.loads((tmp_path / "out" / "memory" / "summary.json").read_text())["ranks"][0]
-    batch = first_measured_step(record)["batch"]
-    argv = ["memory", "estimate", str(config), "--json"]
-    argv += ["--tokens", str(batch["rows"] * batch["seq_len"]), "--samples", str(batch["samples"])]
-    argv += ["--patches", str(batch["patches"])]
-    capsys.readouterr()
-    assert main(argv) == 0
-    est = json.loads(capsys.readouterr().out)
-    measured = measured_state(record)
-    for key in ("params", "grads", "optimizer", "buffers"):
-        assert est["per_rank"][key] == measured[key]["total"], key
+    trainer, est, measured = _profiled_and_estimated(tmp_path, "qlora", extra, capsys)
     model = trainer.unwrapped_model
     names = nf4_modules(model, trainer.adapter)
     assert names and not any("visual" in n for n in names)  # the vision tower stays bf16
