@@ -309,53 +309,60 @@ class Trainer:
         epoch_started: int | None = None
         timer = StepTimer(device_peak_flops(self.dist.device, compute_dtype(cfg)))
         stop = False
-        while self.state.global_step < self.train_iters and not stop:
-            watchdog.enter("data")
-            timer.start_wait()
-            step_batch = next(data)
-            timer.end_wait()
-            if epoch_started != step_batch.epoch:
-                if epoch_started is not None:
+        try:
+            while self.state.global_step < self.train_iters and not stop:
+                watchdog.enter("data")
+                timer.start_wait()
+                step_batch = next(data)
+                timer.end_wait()
+                if epoch_started != step_batch.epoch:
+                    if epoch_started is not None:
+                        self.host.fire(
+                            "on_epoch_end", trainer=self, state=self.state, epoch=epoch_started
+                        )
+                    epoch_started = step_batch.epoch
+                    self.state.epoch = step_batch.epoch
                     self.host.fire(
-                        "on_epoch_end", trainer=self, state=self.state, epoch=epoch_started
+                        "on_epoch_begin", trainer=self, state=self.state, epoch=step_batch.epoch
                     )
-                epoch_started = step_batch.epoch
-                self.state.epoch = step_batch.epoch
+                watchdog.enter("step")
+                loss, loss_dict, grad_norm, stats = self.train_step(step_batch)
+                watchdog.finished(self.state.global_step)
+                watchdog.enter("log")
+                timer.add_step(stats)
                 self.host.fire(
-                    "on_epoch_begin", trainer=self, state=self.state, epoch=step_batch.epoch
+                    "on_step_end",
+                    trainer=self,
+                    state=self.state,
+                    loss=loss,
+                    loss_dict=loss_dict,
+                    grad_norm=grad_norm,
                 )
-            watchdog.enter("step")
-            loss, loss_dict, grad_norm, stats = self.train_step(step_batch)
-            watchdog.finished(self.state.global_step)
-            watchdog.enter("log")
-            timer.add_step(stats)
-            self.host.fire(
-                "on_step_end",
-                trainer=self,
-                state=self.state,
-                loss=loss,
-                loss_dict=loss_dict,
-                grad_norm=grad_norm,
-            )
-            if self.state.bad_streak >= cfg.training.max_bad_steps:
-                self._log(loss, loss_dict, grad_norm, timer)
-                raise TrainingDiverged(self._divergence_message(loss, grad_norm))
-            stop = self._agree_stop()
-            step = self.state.global_step
-            last = step >= self.train_iters or stop
-            if step % cfg.logging.every_steps == 0 or last:
-                self._log(loss, loss_dict, grad_norm, timer)
-            if (
-                cfg.training.eval_every_steps
-                and step % cfg.training.eval_every_steps == 0
-                and not last
-            ):
-                watchdog.enter("eval")
-                self.evaluate()
-            # A stop (signal, plugin) always saves; the normal end unless save_final = false.
-            final = stop or (last and cfg.checkpoint.save_final)
-            watchdog.enter("checkpoint")
-            self.checkpointer.maybe_save(self, final=final)
+                if self.state.bad_streak >= cfg.training.max_bad_steps:
+                    self._log(loss, loss_dict, grad_norm, timer)
+                    raise TrainingDiverged(self._divergence_message(loss, grad_norm))
+                stop = self._agree_stop()
+                step = self.state.global_step
+                last = step >= self.train_iters or stop
+                if step % cfg.logging.every_steps == 0 or last:
+                    self._log(loss, loss_dict, grad_norm, timer)
+                if (
+                    cfg.training.eval_every_steps
+                    and step % cfg.training.eval_every_steps == 0
+                    and not last
+                ):
+                    watchdog.enter("eval")
+                    self.evaluate()
+                # A stop (signal, plugin) always saves; the normal end unless save_final = false.
+                final = stop or (last and cfg.checkpoint.save_final)
+                watchdog.enter("checkpoint")
+                self.checkpointer.maybe_save(self, final=final)
+        finally:
+            # The iterator holds the loader's worker processes: shut them down now, not
+            # whenever the garbage collector reaches it (each join waits up to 5 s).
+            close = getattr(data, "close", None)
+            if close is not None:
+                close()
         watchdog.stop()  # what follows (final evaluation, export) has no steps to watch
         if epoch_started is not None and loader_epoch_done(loader):
             self.host.fire("on_epoch_end", trainer=self, state=self.state, epoch=epoch_started)
