@@ -448,6 +448,9 @@ class StepLoader:
         #: Training steps are shared among the ranks by tokens (:class:`RankShare`), not as
         #: contiguous slices; evaluation (:meth:`iter_epoch_once`) keeps the slices.
         self.balance_ranks = balance_ranks
+        #: The worker id of each data worker's pid, of the latest training iterator (a failure
+        #: report names a dead worker by it after the iterator is shut down).
+        self.worker_ids: dict[int, int] = {}
         #: Training steps are regrouped within this many steps (``[data] buffer_size``).
         self.buffer_steps = buffer_steps
         self._epoch = 0
@@ -615,11 +618,14 @@ class StepLoader:
         """``(step, collated step)`` from ``start``; with a buffer, each buffer's steps in
         :meth:`StepSampler.step_order`, those before ``start`` (a resume) prepared and dropped."""
         assert self._loader is not None
+        batches = iter(self._loader)
+        workers = getattr(batches, "_workers", [])
+        self.worker_ids = {int(w.pid): i for i, w in enumerate(workers) if w.pid is not None}
         k = self.buffer_steps
         if k == 1:
-            yield from enumerate(self._loader, start)
+            yield from enumerate(batches, start)
             return
-        for buffer, item in enumerate(self._loader, start // k):
+        for buffer, item in enumerate(batches, start // k):
             if isinstance(item, _Failed):
                 yield max(start, buffer * k), item
                 return

@@ -205,10 +205,13 @@ def _data_worker_death(message: str) -> str | None:
 
 
 def _worker_id(pid: int) -> int | None:
-    """The DataLoader worker id of process ``pid`` among this process's live loader iterators
-    (found on the failure path only; torch keeps no pid → id map elsewhere)."""
+    """The DataLoader worker id of process ``pid`` among this process's live loader iterators,
+    or as a :class:`StepLoader` recorded it (the trainer shuts its iterator down as the failure
+    unwinds); found on the failure path only, torch keeps no pid → id map elsewhere."""
     try:
         from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+        from ..data.step_loader import StepLoader
     except ImportError:
         return None
     for obj in gc.get_objects():
@@ -216,4 +219,6 @@ def _worker_id(pid: int) -> int | None:
             for i, worker in enumerate(getattr(obj, "_workers", [])):
                 if getattr(worker, "pid", None) == pid:
                     return i
+        elif type(obj) is StepLoader and pid in obj.worker_ids:
+            return obj.worker_ids[pid]
     return None

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
 
 from hyper_core import hookimpl
 from hyper_core.config import load_config_dict
+from hyper_core.parallel.rank_status import _data_worker_death
 from hyper_core.testing import isolated_host, tiny_text_config
 from hyper_core.trainer.trainer import Trainer
 
@@ -38,5 +40,12 @@ def test_a_failed_run_leaves_no_data_worker_behind(tmp_path: Path) -> None:
         assert caught.traceback  # still held, with the train loop's frame
         assert trainer.state.global_step == 2
         assert set(multiprocessing.active_children()) - before == set()
+        # A report still names a dead worker by its id, from the loader's record.
+        (pid,) = trainer.dataloaders.train.worker_ids
+        died = f"DataLoader worker (pid {pid}) is killed by signal: Killed."
+        assert (
+            _data_worker_death(died)
+            == f"data worker 0 of rank {os.environ.get('RANK', '0')} died (signal 9)"
+        )
     finally:
         gc.enable()
